@@ -1,0 +1,351 @@
+"""The builder: one per process, a queue of compile-only builds and the worker threads that run them.
+
+Concurrency model:
+  * One lock guards the builder's tables (records by key, per-op statistics). Nothing is built while it is held.
+  * ``submit`` dedups by build key: a key queued, building or built returns the future it already has; a key
+    whose build was cancelled may be submitted again.
+  * Workers take records off a FIFO queue. A record whose future was cancelled before a worker reached it is
+    skipped (``Future.set_running_or_notify_cancel``), so a cancelled build never runs.
+  * A build that raises is marked failed, logged once with its traceback and counted; its future holds the
+    exception, which buildops never re-raises into an op's call: the op compiles on first use instead.
+  * After ``os.fork`` the child forgets the parent's builder (its threads do not exist there, its locks may be
+    held) and creates a fresh one when first needed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ._config import settings
+
+__all__ = ["Build", "BuildState", "Builder", "OpStats", "default_builder", "join", "shutdown"]
+
+logger = logging.getLogger("buildops")
+
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    """One compile-only job.
+
+    Contract for whoever makes builds (listers, library backends):
+      * ``key`` names everything that changes the artifact (kernel, specialization, constexprs, target, options):
+        two builds with equal keys must produce the same artifact, because only the first one runs.
+      * ``run`` compiles into the library's own cache and never launches work on a user's tensors; it may be
+        called on any worker thread; its return value is kept on the future; an exception marks the build failed.
+      * ``uses_gpu`` is true when ``run`` allocates GPU memory or launches GPU work, so that
+        ``join(gpu_only=True)`` waits for it.
+    """
+
+    op: str
+    key: Hashable
+    run: Callable[[], Any]
+    uses_gpu: bool = False
+    label: str = ""
+
+    def describe(self) -> str:
+        return self.label or repr(self.key)
+
+
+class BuildState(enum.Enum):
+    QUEUED = "queued"
+    BUILDING = "building"
+    BUILT = "built"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class OpStats:
+    """What one op asked of the builder. Seconds are wall-clock seconds summed over builds or waits."""
+
+    listed: int = 0          # builds the op listed, shared ones included
+    shared: int = 0          # of those, builds whose key was already known (queued, built, ... by any op)
+    built: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    build_seconds: float = 0.0
+    wait_seconds: float = 0.0  # time calls of the op spent waiting for builds outside a pass
+
+
+@dataclass(eq=False)
+class _Record:
+    build: Build
+    future: concurrent.futures.Future
+    owners: set = field(default_factory=set)  # passes that still want it; None: submitted outside a pass
+    state: BuildState = BuildState.QUEUED
+    seconds: float = 0.0
+    error: BaseException | None = None
+
+
+class Builder:
+    """Runs builds on worker threads, deduplicated by key. See the module docstring for the concurrency model."""
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads if threads is not None else settings.threads
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[_Record | None] = queue.SimpleQueue()
+        self._records: dict[Hashable, _Record] = {}
+        self._history: list[_Record] = []  # every record ever made, cancelled ones included, for reports
+        self._stats: dict[str, OpStats] = {}
+        self._workers: list[threading.Thread] = []
+        self._busy = 0
+        self._closed = False
+        self.waiting_ops: set = set()  # ops with calls that may wait on builds; forgotten after a fork
+
+    # -- submitting -------------------------------------------------------------------------------------------
+
+    def submit(self, build: Build, owner: object = None) -> concurrent.futures.Future:
+        """Queue ``build`` unless its key is already queued, building or built; return the key's future."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("buildops: this builder was shut down; buildops.join/shutdown made a new one")
+            stats = self._stats.setdefault(build.op, OpStats())
+            stats.listed += 1
+            record = self._records.get(build.key)
+            if record is not None:
+                stats.shared += 1
+                record.owners.add(owner)
+                return record.future
+            record = _Record(build, concurrent.futures.Future(), {owner})
+            self._records[build.key] = record
+            self._history.append(record)
+            if len(self._workers) < self.threads:
+                self._start_worker()
+        self._queue.put(record)
+        return record.future
+
+    def _start_worker(self) -> None:
+        thread = threading.Thread(target=self._work, name=f"buildops-worker-{len(self._workers)}", daemon=True)
+        self._workers.append(thread)
+        thread.start()
+
+    def _work(self) -> None:
+        while True:
+            record = self._queue.get()
+            if record is None:
+                return
+            if not record.future.set_running_or_notify_cancel():
+                continue  # cancelled while queued
+            with self._lock:
+                record.state = BuildState.BUILDING
+                self._busy += 1
+            start = time.perf_counter()
+            try:
+                result = record.build.run()
+            except BaseException as exc:  # a build's failure is the op's to handle by compiling on first use
+                self._finish(record, time.perf_counter() - start, exc)
+                record.future.set_exception(exc)
+            else:
+                self._finish(record, time.perf_counter() - start, None)
+                record.future.set_result(result)
+
+    def _finish(self, record: _Record, seconds: float, error: BaseException | None) -> None:
+        with self._lock:
+            self._busy -= 1
+            record.seconds = seconds
+            record.error = error
+            record.state = BuildState.FAILED if error is not None else BuildState.BUILT
+            stats = self._stats.setdefault(record.build.op, OpStats())
+            stats.build_seconds += seconds
+            if error is None:
+                stats.built += 1
+            else:
+                stats.failed += 1
+        if error is not None:
+            logger.warning("buildops: build %s of op %s failed after %.2f s; the op will compile it on first use",
+                           record.build.describe(), record.build.op, seconds, exc_info=error)
+
+    # -- cancelling -------------------------------------------------------------------------------------------
+
+    def cancel(self, futures: Iterable[concurrent.futures.Future], releases: Callable[[object], bool]) -> int:
+        """Drop the owners for which ``releases(owner)`` is true from these builds; cancel the builds that no
+        owner still wants and no worker has started. Returns how many were cancelled; a running build finishes.
+        """
+        wanted = set(futures)
+        cancelled = 0
+        with self._lock:
+            for key, record in list(self._records.items()):
+                if record.future not in wanted:
+                    continue
+                record.owners = {o for o in record.owners if not releases(o)}
+                if not record.owners and record.future.cancel():
+                    record.state = BuildState.CANCELLED
+                    self._stats.setdefault(record.build.op, OpStats()).cancelled += 1
+                    del self._records[key]  # a later pass may queue the key again
+                    cancelled += 1
+        return cancelled
+
+    # -- waiting ----------------------------------------------------------------------------------------------
+
+    def wait(self, select: Callable[[_Record], bool], timeout: float | None = None, what: str = "builds") -> bool:
+        """Wait until no selected record is queued or building; show progress after ``progress_after`` seconds.
+
+        Records submitted while waiting are waited for too. Returns False if ``timeout`` passed first.
+        """
+        start = time.monotonic()
+        progress_after = settings.progress_after
+        bar = None
+        seen: set[_Record] = set()
+        try:
+            while True:
+                with self._lock:
+                    selected = [r for r in self._records.values() if select(r)]
+                pending = [r.future for r in selected if not r.future.done()]
+                seen.update(selected)
+                if bar is not None:
+                    bar.total = len(seen)
+                    bar.n = len(seen) - len(pending)
+                    bar.refresh()
+                if not pending:
+                    return True
+                elapsed = time.monotonic() - start
+                if timeout is not None and elapsed >= timeout:
+                    return False
+                if bar is None and elapsed >= progress_after:
+                    bar = _progress_bar(what, len(seen), len(seen) - len(pending))
+                step = 0.2 if bar is not None else max(progress_after - elapsed, 0.01)
+                if timeout is not None:
+                    step = min(step, timeout - elapsed)
+                concurrent.futures.wait(pending, timeout=step, return_when=concurrent.futures.FIRST_COMPLETED)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def join(self, timeout: float | None = None, gpu_only: bool = False, op: str | None = None) -> bool:
+        """Wait for all builds, only those that use the GPU, or only one op's (by name or name prefix)."""
+        def select(record: _Record) -> bool:
+            if gpu_only and not record.build.uses_gpu:
+                return False
+            return op is None or record.build.op.startswith(op)
+        what = "GPU builds" if gpu_only else f"builds of {op}" if op else "builds"
+        return self.wait(select, timeout, what)
+
+    def wait_for(self, futures: Iterable[concurrent.futures.Future], op: str,
+                 timeout: float | None = None) -> bool:
+        """Wait for these futures (an op's call waiting on its builds); the time counts as ``op``'s wait."""
+        wanted = set(futures)
+        start = time.perf_counter()
+        try:
+            return self.wait(lambda r: r.future in wanted, timeout, f"builds for {op}")
+        finally:
+            with self._lock:
+                self._stats.setdefault(op, OpStats()).wait_seconds += time.perf_counter() - start
+
+    # -- looking ----------------------------------------------------------------------------------------------
+
+    def state(self, key: Hashable) -> BuildState | None:
+        """The state of the build with this key, or None if it was never submitted (or was cancelled)."""
+        with self._lock:
+            record = self._records.get(key)
+            return record.state if record is not None else None
+
+    def stats(self) -> dict[str, OpStats]:
+        """A copy of the per-op statistics."""
+        with self._lock:
+            return {op: replace(s) for op, s in self._stats.items()}
+
+    def history(self) -> list[tuple[Build, BuildState, float, BaseException | None]]:
+        """Every build submitted, in order: (build, state, seconds, error)."""
+        with self._lock:
+            return [(r.build, r.state, r.seconds, r.error) for r in self._history]
+
+    @property
+    def busy(self) -> int:
+        """How many workers are running a build now."""
+        with self._lock:
+            return self._busy
+
+    @property
+    def workers(self) -> int:
+        with self._lock:
+            return len(self._workers)
+
+    def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Cancel queued builds and stop the workers; with ``wait``, return once running builds finished
+        (or ``timeout`` seconds passed: workers are daemon threads and a stuck build cannot keep the process)."""
+        with self._lock:
+            self._closed = True
+            for key, record in list(self._records.items()):
+                if record.future.cancel():
+                    record.state = BuildState.CANCELLED
+                    self._stats.setdefault(record.build.op, OpStats()).cancelled += 1
+                    del self._records[key]
+            workers = list(self._workers)
+        for _ in workers:
+            self._queue.put(None)
+        if wait:
+            for thread in workers:
+                if thread is not threading.current_thread():
+                    thread.join(timeout)
+
+
+def _progress_bar(what: str, total: int, done: int):
+    from tqdm.auto import tqdm  # only long waits pay for it
+
+    return tqdm(total=total, initial=done, desc=f"buildops: waiting for {what}", unit="build", leave=False)
+
+
+# -- the process-wide builder ---------------------------------------------------------------------------------
+
+_default: Builder | None = None
+_default_lock = threading.Lock()
+_fork_hook_registered = False
+
+
+def current_builder() -> Builder | None:
+    """The process's builder if one was created, else None (creates nothing)."""
+    return _default
+
+
+def default_builder() -> Builder:
+    """The process's builder, created on first use."""
+    global _default, _fork_hook_registered
+    builder = _default
+    if builder is not None:
+        return builder
+    with _default_lock:
+        if _default is None:
+            if not _fork_hook_registered:
+                os.register_at_fork(after_in_child=_forget_after_fork)
+                _fork_hook_registered = True
+            _default = Builder()
+        return _default
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: drop the parent's builder; its threads are gone and its locks may be held."""
+    global _default, _default_lock
+    old, _default = _default, None
+    _default_lock = threading.Lock()
+    if old is not None:
+        for op in list(old.waiting_ops):
+            op.forget_pending()
+
+
+def join(timeout: float | None = None, gpu_only: bool = False, op: str | None = None) -> bool:
+    """Wait for the process's builds: all, only GPU ones, or one op's (by name or prefix).
+
+    Returns False if ``timeout`` seconds passed first. Failed builds do not raise: their ops compile on first use.
+    """
+    builder = _default
+    return True if builder is None else builder.join(timeout=timeout, gpu_only=gpu_only, op=op)
+
+
+def shutdown(wait: bool = True, timeout: float | None = None) -> None:
+    """Cancel queued builds, stop the workers, and forget the builder (the next build makes a new one)."""
+    global _default
+    with _default_lock:
+        builder, _default = _default, None
+    if builder is not None:
+        builder.shutdown(wait=wait, timeout=timeout)
+        for op in list(builder.waiting_ops):
+            op.forget_pending()

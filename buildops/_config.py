@@ -1,0 +1,137 @@
+"""Every ``BUILDOPS_*`` setting, in one place.
+
+Settings are read from the environment each time they are asked for (never at import, never into module
+constants), so a process can set them any time before the first use. A bad value fails loudly with the
+variable, the value and what was expected. :meth:`settings.scope` overrides settings for a block; tests use it
+instead of touching ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ConfigError", "cpu_share", "settings"]
+
+
+class ConfigError(ValueError):
+    """A ``BUILDOPS_*`` setting has a value buildops cannot use."""
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r}: expected 1 or 0 (also true/false, yes/no, on/off)")
+
+
+def _parse_count(name: str, raw: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{name}={raw!r}: expected a whole number >= 1")
+    return value
+
+
+def _parse_seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = math.nan
+    if not value >= 0:  # also rejects nan
+        raise ConfigError(f"{name}={raw!r}: expected a number of seconds >= 0")
+    return value
+
+
+def cpu_share() -> int:
+    """The number of CPUs this process may use: its affinity mask, lowered by a cgroup v2 quota if one is set."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        count = os.cpu_count() or 1
+    with contextlib.suppress(OSError, ValueError):
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            count = min(count, max(1, math.ceil(int(quota) / int(period))))
+    return count
+
+
+@dataclass(frozen=True)
+class _Setting:
+    env: str
+    parse: Callable[[str, str], Any]
+    default: Callable[[], Any]
+    doc: str
+
+
+_SETTINGS = {
+    "enabled": _Setting(
+        "BUILDOPS", _parse_bool, lambda: True,
+        "0 makes every decorator transparent and every pass a plain block.",
+    ),
+    "threads": _Setting(
+        "BUILDOPS_THREADS", _parse_count, lambda: min(32, cpu_share()),
+        "Worker threads of the builder (default: this process's CPU share, at most 32).",
+    ),
+    "progress_after": _Setting(
+        "BUILDOPS_PROGRESS_AFTER", _parse_seconds, lambda: 1.0,
+        "Seconds a join waits before it shows a progress bar.",
+    ),
+}
+
+
+class _Settings:
+    """Attribute access to the settings: ``settings.threads``. Overrides from :meth:`scope` win over the env."""
+
+    def __init__(self) -> None:
+        self._overrides: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        setting = _SETTINGS.get(name)
+        if setting is None:
+            raise AttributeError(f"buildops has no setting {name!r}; known: {', '.join(sorted(_SETTINGS))}")
+        if name in self._overrides:
+            return self._overrides[name]
+        raw = os.environ.get(setting.env)
+        if raw is None or raw.strip() == "":
+            return setting.default()
+        return setting.parse(setting.env, raw)
+
+    def describe(self) -> dict[str, str]:
+        """Each setting's variable and what it does, for docs and ``--help`` texts."""
+        return {s.env: s.doc for s in _SETTINGS.values()}
+
+    @contextlib.contextmanager
+    def scope(self, **overrides: Any) -> Iterator[None]:
+        """Override settings for the block, then restore them: ``with settings.scope(threads=2): ...``.
+
+        Values are Python values (``threads=2``, ``enabled=False``), checked by the same parsers as the env.
+        """
+        for name, value in overrides.items():
+            setting = _SETTINGS.get(name)
+            if setting is None:
+                raise ConfigError(f"settings.scope({name}=...): unknown setting; known: {', '.join(sorted(_SETTINGS))}")
+            setting.parse(setting.env, str(int(value) if isinstance(value, bool) else value))
+        with self._lock:
+            saved = dict(self._overrides)
+            self._overrides.update(overrides)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._overrides.clear()
+                self._overrides.update(saved)
+
+
+settings = _Settings()

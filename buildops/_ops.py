@@ -1,0 +1,347 @@
+"""The op decorators: ``@lists_kernels`` and ``@builds_by_running``.
+
+A decorated op is a ``wrapt.FunctionWrapper``, so it behaves like the function it wraps on plain functions,
+methods and ``nn.Module.forward`` alike, and keeps its name, docstring and signature. With ``BUILDOPS=0`` at
+decoration time the decorators return the function itself: no wrapper, no cost.
+
+Per call:
+  * Outside a pass, when none of the op's builds is pending, the call goes straight to the function after one
+    check. When some are pending, the call computes its signature and waits for that signature's builds only.
+  * Inside a pass, the first call per call signature sweeps the op's dims, lists the builds for each swept shape,
+    hands them to the pass, and returns the op's placeholder output; later calls with that signature in the pass
+    return the placeholder only.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any, Union
+
+import torch
+import wrapt
+
+from ._builder import Build, current_builder
+from ._config import settings
+from ._passes import BuildPass, _current
+from ._specs import BuildConfig, DynamicSpec, SpecError, TensorSpec, call_signature
+
+__all__ = ["builds_by_running", "lists_kernels"]
+
+Output = Union[str, Callable[..., Any], None]
+Lister = Callable[..., Iterable[Build]]
+
+
+def _is_method(fn: Callable) -> bool:
+    """A function defined in a class body, whose first parameter the call does not pass explicitly."""
+    parts = getattr(fn, "__qualname__", "").split(".")
+    if len(parts) < 2 or parts[-2] == "<locals>":
+        return False
+    params = list(inspect.signature(fn).parameters)
+    return bool(params) and params[0] in ("self", "cls")
+
+
+class _Op:
+    """What a decorated op knows: its function, swept dims, placeholder output, and how it makes builds."""
+
+    def __init__(self, fn: Callable, config: BuildConfig, output: Output, name: str | None, decorator: str) -> None:
+        if not callable(fn):
+            raise TypeError(f"@{decorator} decorates functions and methods, got {fn!r}")
+        self.fn = fn
+        # "make.<locals>.rmsnorm" reads as "rmsnorm"; "Attention.forward" stays as it is
+        self.name = name or getattr(fn, "__qualname__", repr(fn)).rpartition("<locals>.")[2]
+        if not isinstance(config, BuildConfig):
+            raise TypeError(f"@{decorator} on {self.name}: expected a BuildConfig as first argument, got {config!r}; "
+                            f"e.g. @{decorator}(BuildConfig(DynamicSpec('x', dim=0)))")
+        self.signature = inspect.signature(fn)
+        params = list(self.signature.parameters.values())
+        self.method = _is_method(fn)
+        self.config = config.resolve(self.name, params[1:] if self.method else params)
+        if isinstance(output, str) and output not in self.signature.parameters:
+            raise SpecError(f"@{decorator} on {self.name}: output={output!r} names no argument; "
+                            f"its arguments are {list(self.signature.parameters)}")
+        if output is not None and not isinstance(output, str) and not callable(output):
+            raise TypeError(f"@{decorator} on {self.name}: output must be an argument name, a callable or None")
+        self.output = output
+        self.lister: Lister | None = None
+        self.pending: dict[Hashable, list[concurrent.futures.Future]] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<buildops op {self.name}>"
+
+    # -- the call ---------------------------------------------------------------------------------------------
+
+    def call(self, wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """wrapt's wrapper: everything but the fast path, which the wrapper classes below take themselves."""
+        build_pass = _current.get()
+        if build_pass is None:
+            if self.pending:
+                self._wait_for_own_builds(instance, args, kwargs)
+            return wrapped(*args, **kwargs)
+        return self._list(build_pass, instance, args, kwargs)
+
+    def _bind(self, instance: Any, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+        bound = self.signature.bind(instance, *args, **kwargs) if instance is not None and self.method \
+            else self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound
+
+    def _wait_for_own_builds(self, instance: Any, args: tuple, kwargs: dict) -> None:
+        try:
+            bound = self._bind(instance, args, kwargs)
+            signature = call_signature(bound.arguments, self.config.swept(bound.arguments))
+        except (TypeError, SpecError, AttributeError):
+            return  # the call itself is malformed: let the function raise its own error
+        with self._lock:
+            futures = list(self.pending.get(signature, ()))
+        builder = current_builder()
+        if futures and builder is not None:
+            builder.wait_for(futures, self.name)
+
+    def _list(self, build_pass: BuildPass, instance: Any, args: tuple, kwargs: dict) -> Any:
+        bound = self._bind(instance, args, kwargs)
+        arguments = bound.arguments
+        signature = call_signature(arguments, self.config.swept(arguments))
+        if build_pass.first_call(self, signature):
+            futures: list[concurrent.futures.Future] = []
+            for dims in self.config.combinations(arguments):
+                builds = self.builds(bound, dims)
+                futures += build_pass.take(self.name, signature, dims, builds)
+            if futures:
+                self._note_pending(signature, futures)
+        return self._placeholder(bound)
+
+    def builds(self, bound: inspect.BoundArguments, dims: Mapping[str, int]) -> list[Build]:
+        """The builds for one swept shape. Subclasses define how."""
+        raise NotImplementedError
+
+    def _placeholder(self, bound: inspect.BoundArguments) -> Any:
+        if self.output is None:
+            return None
+        if isinstance(self.output, str):
+            return torch.zeros_like(bound.arguments[self.output])
+        return self.output(*bound.args, **bound.kwargs)
+
+    # -- pending builds ---------------------------------------------------------------------------------------
+
+    def _note_pending(self, signature: Hashable, futures: list[concurrent.futures.Future]) -> None:
+        builder = current_builder()
+        if builder is None:
+            return
+        with self._lock:
+            self.pending.setdefault(signature, []).extend(futures)
+            builder.waiting_ops.add(self)
+        for future in futures:  # outside the lock: a done future runs its callback right here
+            future.add_done_callback(functools.partial(self._settle, signature))
+
+    def _settle(self, signature: Hashable, _future: concurrent.futures.Future) -> None:
+        with self._lock:
+            futures = self.pending.get(signature)
+            if futures is not None and all(f.done() for f in futures):
+                del self.pending[signature]
+            if not self.pending:
+                builder = current_builder()
+                if builder is not None:
+                    builder.waiting_ops.discard(self)
+
+    def forget_pending(self) -> None:
+        """Drop every pending future (the builder that owned them is gone: shut down, or in a forked child)."""
+        self._lock = threading.Lock()  # after a fork the parent's lock may be held by a thread that is gone
+        self.pending = {}
+
+
+class _ListingOp(_Op):
+    """An op whose lister turns shape/dtype specs into builds."""
+
+    def builds(self, bound: inspect.BoundArguments, dims: Mapping[str, int]) -> list[Build]:
+        if self.lister is None:
+            raise SpecError(f"{self.name} has no lister: register one with @{self.name.split('.')[-1]}.lister, "
+                            "a function that takes the op's arguments as TensorSpecs and returns Builds")
+        specs = inspect.BoundArguments(bound.signature, bound.arguments.copy())
+        shapes = self.config.shapes(dims)
+        for name, value in bound.arguments.items():
+            fitted = shapes.get(name, {})
+            if isinstance(value, torch.Tensor):
+                specs.arguments[name] = TensorSpec.like(value, fitted)
+            elif -1 in fitted:
+                specs.arguments[name] = fitted[-1]
+        builds = list(self.lister(*specs.args, **specs.kwargs) or ())
+        for build in builds:
+            if not isinstance(build, Build):
+                raise TypeError(f"the lister of {self.name} returned {build!r}; a lister returns Build objects")
+        return builds
+
+
+class _RunningOp(_Op):
+    """An op whose kernels compile inside its own run: each build is one real run at a swept shape."""
+
+    def builds(self, bound: inspect.BoundArguments, dims: Mapping[str, int]) -> list[Build]:
+        device = next((v.device for v in bound.arguments.values() if isinstance(v, torch.Tensor) and v.is_cuda),
+                      None)
+        key = ("run", self.name, call_signature(bound.arguments, self.config.swept(bound.arguments)),
+               tuple(sorted(dims.items())))
+        run = functools.partial(_run_at, self.fn, bound, self.config.shapes(dims), device)
+        return [Build(self.name, key, run, uses_gpu=device is not None, label=f"{self.name} {dict(dims)}")]
+
+
+def _fit(tensor: torch.Tensor, dims: Mapping[int, int]) -> torch.Tensor:
+    """A new tensor like ``tensor`` with the given dims cut (leading slice) or tiled (repeated) to size."""
+    out = tensor
+    for dim, size in dims.items():
+        have = out.shape[dim]
+        if size <= have:
+            out = out.narrow(dim, 0, size)
+        else:
+            if have == 0:
+                raise SpecError(f"cannot tile a tensor whose dim {dim} is 0 up to {size}")
+            repeats = [1] * out.dim()
+            repeats[dim] = -(-size // have)
+            out = out.repeat(*repeats).narrow(dim, 0, size)
+    # Always a copy: a build must never write into (or read while others write) the call's own tensors.
+    return out.clone(memory_format=torch.contiguous_format) if tensor.is_contiguous() else out.clone()
+
+
+_streams = threading.local()
+
+
+def _worker_stream(device: torch.device) -> torch.cuda.Stream:
+    """This worker thread's own CUDA stream on ``device``, so builds never queue behind the user's stream."""
+    cache = getattr(_streams, "by_device", None)
+    if cache is None:
+        cache = _streams.by_device = {}
+    stream = cache.get(device)
+    if stream is None:
+        stream = cache[device] = torch.cuda.Stream(device=device)
+    return stream
+
+
+def _fitted(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]]) -> inspect.BoundArguments:
+    """The call's arguments with swept tensors cut or tiled and swept ints replaced, for one swept shape."""
+    call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
+    for name, fitted in shapes.items():
+        call.arguments[name] = fitted[-1] if -1 in fitted else _fit(call.arguments[name], fitted)
+    return call
+
+
+def _run_at(fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]],
+            device: torch.device | None) -> None:
+    """One real run of ``fn`` at one swept shape; on a GPU, on this worker's stream, finished before returning."""
+    if device is None:
+        call = _fitted(bound, shapes)
+        fn(*call.args, **call.kwargs)
+        return
+    stream = _worker_stream(device)
+    stream.wait_stream(torch.cuda.default_stream(device))  # the dummy inputs were written on the caller's side
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        call = _fitted(bound, shapes)
+        fn(*call.args, **call.kwargs)
+    stream.synchronize()
+
+
+# -- the wrappers ---------------------------------------------------------------------------------------------
+
+class _BoundOpWrapper(wrapt.BoundFunctionWrapper):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        op = self._self_parent._self_op
+        if not op.pending and _current.get() is None:  # the fast path: nothing pending, no pass
+            return self.__wrapped__(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+class _OpWrapper(wrapt.FunctionWrapper):
+    """The decorated op: the function it wraps, plus ``.lister`` to register how the op lists its builds."""
+
+    __bound_function_wrapper__ = _BoundOpWrapper
+
+    def __init__(self, fn: Callable, op: _Op) -> None:
+        super().__init__(fn, op.call)
+        self._self_op = op
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        op = self._self_op
+        if not op.pending and _current.get() is None:  # the fast path: nothing pending, no pass
+            return self.__wrapped__(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def lister(self, fn: Lister) -> Lister:
+        """Register the op's lister (use as ``@op.lister``); returns ``fn`` unchanged.
+
+        Contract: ``fn`` takes the op's own arguments (``self`` too, for a method) with every tensor replaced by a
+        :class:`TensorSpec` at one swept shape and every swept int by its swept value; it returns the
+        :class:`Build` objects that shape needs. It must not allocate GPU memory or compile anything itself.
+        """
+        if not isinstance(self._self_op, _ListingOp):
+            raise TypeError(f"{self._self_op.name} is a @builds_by_running op: its builds are its own runs, "
+                            "so it takes no lister")
+        if not callable(fn):
+            raise TypeError(f"{self._self_op.name}.lister: expected a function, got {fn!r}")
+        self._self_op.lister = fn
+        return fn
+
+
+def _ignore_lister(fn: Lister) -> Lister:
+    return fn
+
+
+def _transparent(fn: Callable) -> Callable:
+    """``BUILDOPS=0``: the function itself. ``.lister`` is accepted and ignored so decorated modules still import."""
+    try:
+        fn.lister = _ignore_lister  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        pass
+    return fn
+
+
+def lists_kernels(config: BuildConfig, *, output: Output = None, name: str | None = None) -> Callable:
+    """Decorate an op that lists its kernels' builds through a lister (``@op.lister``).
+
+    Args:
+        config: the op's swept dims.
+        output: the placeholder the op returns in a build pass: an argument name (zeros like it), a callable
+            taking the op's arguments and returning new tensors (zeros, e.g. ``torch.zeros_like``), or None.
+        name: the op's name in reports and ``join(op=...)`` (default: the function's qualified name).
+    """
+    def decorate(fn: Callable) -> Callable:
+        if not settings.enabled:
+            return _transparent(fn)
+        return _OpWrapper(fn, _ListingOp(fn, config, output, name, "lists_kernels"))
+    return decorate
+
+
+def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int, str]] | None = None,
+                      output: Output = None, name: str | None = None) -> Callable:
+    """Decorate an op whose kernels compile inside its own run (DeepGEMM, JIT-on-first-call code).
+
+    In a pass each new call signature queues one real run per swept shape, on the call's arguments cut or tiled
+    to that shape, on a worker thread (on the worker's own CUDA stream when the arguments are on a GPU).
+
+    Args:
+        config: the op's swept dims.
+        dims: more tensors to cut or tile along with a swept dim: ``{"out": 0}`` (dim 0 of ``out`` follows the
+            config's only swept spec) or ``{"out": (0, "x.0")}`` (follows the spec named ``"x.0"``).
+        output, name: as for :func:`lists_kernels`.
+    """
+    if not isinstance(config, BuildConfig):
+        raise TypeError(f"@builds_by_running: expected a BuildConfig, got {config!r}")
+    if dims:
+        free = [s.key for s in config.specs if s.follows is None]
+        extra = []
+        for arg, where in dims.items():
+            dim, follows = (where, None) if isinstance(where, int) else where
+            if follows is None:
+                if len(free) != 1:
+                    raise SpecError(f"@builds_by_running dims={{{arg!r}: {dim}}}: the config sweeps {free}; "
+                                    f"say which one it follows: {{{arg!r}: ({dim}, {free[0]!r})}}")
+                follows = free[0]
+            extra.append(DynamicSpec(arg, dim, follows=follows))
+        config = config.with_specs(*extra)
+
+    def decorate(fn: Callable) -> Callable:
+        if not settings.enabled:
+            return _transparent(fn)
+        return _OpWrapper(fn, _RunningOp(fn, config, output, name, "builds_by_running"))
+    return decorate

@@ -1,0 +1,129 @@
+"""Build passes: the ``with`` blocks inside which ops list builds instead of running.
+
+The current pass lives in a ``ContextVar``, so a pass covers the thread (or task) that entered it and nothing else.
+Passes nest: every pass remembers the builds queued inside it, but only the outermost decides whether to join at
+its end. A body that raises (``KeyboardInterrupt`` included) cancels the builds queued inside that pass that no
+other pass wants and no worker has started, and the exception propagates.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import logging
+import time
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any
+
+from ._builder import Build, Builder, current_builder, default_builder
+from ._config import settings
+
+__all__ = ["BuildPass", "build_pass", "current_pass", "rehearsal"]
+
+logger = logging.getLogger("buildops")
+
+_current: contextvars.ContextVar[BuildPass | None] = contextvars.ContextVar("buildops_pass", default=None)
+
+
+def current_pass() -> BuildPass | None:
+    """The innermost active pass of this thread or task, or None."""
+    return _current.get()
+
+
+class BuildPass:
+    """A block in which decorated ops list their builds and return placeholder outputs.
+
+    Use :func:`build_pass` (joins at its end) or :func:`rehearsal` (does not). Subclasses may override
+    :meth:`take` to do something other than queueing the builds (``buildops.testing`` records them).
+    """
+
+    def __init__(self, name: str, join_at_exit: bool) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a build pass needs a non-empty name, got {name!r}")
+        self.name = name
+        self.join_at_exit = join_at_exit
+        self.parent: BuildPass | None = None
+        self.futures: list[concurrent.futures.Future] = []
+        self._seen: set[tuple[Any, Hashable]] = set()
+        self._builder: Builder | None = None
+        self._token: contextvars.Token | None = None
+        self._active = False
+        self._started = 0.0
+
+    @property
+    def root(self) -> BuildPass:
+        node = self
+        while node.parent is not None:
+            node = node.parent
+        return node
+
+    def encloses(self, other: object) -> bool:
+        """True if ``other`` is this pass or a pass nested inside it."""
+        node = other if isinstance(other, BuildPass) else None
+        while node is not None:
+            if node is self:
+                return True
+            node = node.parent
+        return False
+
+    def first_call(self, op: object, signature: Hashable) -> bool:
+        """True the first time ``op`` is called with ``signature`` in this pass (nested passes included)."""
+        seen = self.root._seen
+        key = (op, signature)
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
+    def take(self, op: str, signature: Hashable, dims: Mapping[str, int], builds: Iterable[Build]) -> list:
+        """Queue the builds an op listed for one swept shape; return their futures."""
+        builder = self._builder or default_builder()
+        self._builder = builder
+        futures = [builder.submit(build, owner=self) for build in builds]
+        node: BuildPass | None = self
+        while node is not None:  # every enclosing pass answers for what its body queued
+            node.futures.extend(futures)
+            node._builder = builder
+            node = node.parent
+        return futures
+
+    def __enter__(self) -> BuildPass:
+        if self._active:
+            raise RuntimeError(f"build pass {self.name!r} is already active; make a new one to nest")
+        if not settings.enabled:  # BUILDOPS=0: a plain block
+            return self
+        self.parent = _current.get()
+        self._token = _current.set(self)
+        self._active = True
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._active:
+            return
+        self._active = False
+        _current.reset(self._token)
+        self._token = None
+        builder = self._builder
+        if exc_type is not None:
+            if builder is not None and self.futures:
+                cancelled = builder.cancel(self.futures, releases=self.encloses)
+                logger.info("buildops: pass %r raised %s; cancelled %d queued build(s)",
+                            self.name, exc_type.__name__, cancelled)
+            return
+        if self.parent is None and self.join_at_exit and builder is not None and builder is current_builder():
+            wanted = set(self.futures)
+            builder.wait(lambda r: r.future in wanted, what=f"builds of pass {self.name!r}")
+        logger.info("buildops: pass %r done in %.2f s (%d build(s) queued%s)", self.name,
+                    time.perf_counter() - self._started, len(set(self.futures)),
+                    "" if self.join_at_exit else ", still building")
+
+
+def build_pass(name: str) -> BuildPass:
+    """A build pass that waits for its builds at its end (when it is the outermost pass)."""
+    return BuildPass(name, join_at_exit=True)
+
+
+def rehearsal(name: str) -> BuildPass:
+    """A build pass that does not wait at its end: builds go on until a later :func:`buildops.join`."""
+    return BuildPass(name, join_at_exit=False)

@@ -1,0 +1,334 @@
+"""Which dimensions of an op vary at run time, which values to build them for, and what identifies a call.
+
+A :class:`DynamicSpec` names one varying dimension (an argument and a dim, or an int argument itself) and how to
+sweep it from the value seen in a call. A :class:`BuildConfig` combines specs: the product of their sweeps, dims
+tied to other dims, a filter, and a cap on the number of combinations. :func:`call_signature` is what identifies a
+call apart from its swept dims: the first call per signature in a build pass lists builds, later ones do not.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+
+__all__ = ["BuildConfig", "DynamicSpec", "SpecError", "TensorSpec"]
+
+Sweep = Union[str, Sequence[int], range, Callable[[int], Iterable[int]], None]
+Follows = Union[str, Callable[[Mapping[str, int]], int], None]
+
+_NAMED_SWEEPS = ("pow2", "exact")
+
+
+class SpecError(ValueError):
+    """A :class:`DynamicSpec` or :class:`BuildConfig` does not fit the op it decorates or the call it sees."""
+
+
+@dataclass(frozen=True)
+class DynamicSpec:
+    """One dimension of an op that varies at run time.
+
+    Args:
+        arg: the argument, by name or by position (positions count the call's own arguments, not ``self``).
+        dim: the dimension of that tensor argument; ``None`` when the argument is itself an int (a token count).
+        sweep: the values to build, from the value ``v`` the call has:
+            ``"pow2"`` (default): 1, 2, 4, ... up to ``v``, and ``v`` itself;
+            ``"exact"``: ``v`` alone;
+            a sequence or ``range`` of ints: those values (buckets), whatever ``v`` is;
+            a callable ``f(v)``: the ints it returns.
+        max: no swept value ever exceeds it (values above are dropped; a call above it builds ``max``).
+        name: how ties, filters and test recorders refer to the dim (default ``"x.0"``, or ``"n"`` when ``dim`` is None).
+        follows: instead of a sweep of its own, the dim takes its value from others: the name of a spec to equal,
+            or a callable given the swept values by name that returns this dim's value.
+    """
+
+    arg: str | int
+    dim: int | None = 0
+    sweep: Sweep = "pow2"
+    max: int | None = None
+    name: str | None = None
+    follows: Follows = None
+
+    def __post_init__(self) -> None:
+        where = f"DynamicSpec({self.arg!r}, dim={self.dim!r})"
+        if isinstance(self.arg, bool) or not isinstance(self.arg, (str, int)):
+            raise SpecError(f"{where}: arg must be an argument name or a position, got {type(self.arg).__name__}")
+        if isinstance(self.arg, int) and self.arg < 0:
+            raise SpecError(f"{where}: a position must be >= 0")
+        if self.dim is not None and (isinstance(self.dim, bool) or not isinstance(self.dim, int)):
+            raise SpecError(f"{where}: dim must be an int (or None for an int argument)")
+        if isinstance(self.sweep, str) and self.sweep not in _NAMED_SWEEPS:
+            raise SpecError(f"{where}: unknown sweep {self.sweep!r}; use one of {_NAMED_SWEEPS}, "
+                            "a sequence of ints, a range, or a callable of the call's value")
+        if isinstance(self.sweep, Sequence) and not isinstance(self.sweep, str):
+            bad = [v for v in self.sweep if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+            if bad or len(self.sweep) == 0:
+                raise SpecError(f"{where}: sweep buckets must be a non-empty sequence of ints >= 0, got {bad or '[]'}")
+        if self.max is not None and (isinstance(self.max, bool) or not isinstance(self.max, int) or self.max < 1):
+            raise SpecError(f"{where}: max must be an int >= 1, got {self.max!r}")
+        if self.follows is not None and not (isinstance(self.follows, str) or callable(self.follows)):
+            raise SpecError(f"{where}: follows must be a spec name or a callable of the swept dims")
+
+    @property
+    def key(self) -> str:
+        """The spec's name: ``name`` if given, else ``"arg.dim"`` (or ``"arg"`` for an int argument)."""
+        if self.name is not None:
+            return self.name
+        return str(self.arg) if self.dim is None else f"{self.arg}.{self.dim}"
+
+    def values(self, seen: int) -> list[int]:
+        """The swept values for a call whose dim is ``seen``, capped at ``max``, sorted, without repeats."""
+        sweep = self.sweep
+        if sweep == "pow2":
+            raw = [1 << i for i in range(max(seen, 1).bit_length()) if (1 << i) <= seen] + [seen]
+        elif sweep == "exact":
+            raw = [seen]
+        elif callable(sweep):
+            raw = list(sweep(seen))
+        else:
+            raw = list(sweep)
+        bad = [v for v in raw if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+        if bad:
+            raise SpecError(f"sweep of {self.key!r} gave {bad}; a sweep must give ints >= 0")
+        if self.max is not None:
+            raw = [min(v, self.max) for v in raw] if raw and min(raw) > self.max else [v for v in raw if v <= self.max]
+        return sorted(set(raw))
+
+
+def _resolve_arg(op: str, spec: DynamicSpec, params: list[inspect.Parameter]) -> str:
+    """The parameter name a spec refers to, checked against the op's signature."""
+    names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if isinstance(spec.arg, int):
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if spec.arg >= len(positional):
+            raise SpecError(f"{op}: DynamicSpec({spec.arg}, dim={spec.dim}) refers to positional argument "
+                            f"{spec.arg}, but {op} takes {len(positional)}: {positional}")
+        return positional[spec.arg]
+    if spec.arg not in names:
+        raise SpecError(f"{op}: DynamicSpec({spec.arg!r}, dim={spec.dim}) names no argument of {op}; "
+                        f"its arguments are {names}")
+    return spec.arg
+
+
+@dataclass(frozen=True)
+class _Dim:
+    """A spec resolved against one op: the parameter it reads and its place in the sweep."""
+
+    spec: DynamicSpec
+    param: str
+
+    def read(self, op: str, bound: Mapping[str, Any]) -> int:
+        """The dim's value in a call; a clear error when the argument does not have that dim."""
+        value = bound.get(self.param)
+        if self.spec.dim is None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SpecError(f"{op}: DynamicSpec({self.param!r}, dim=None) expects argument {self.param!r} "
+                                f"to be an int, got {type(value).__name__}")
+            return value
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            raise SpecError(f"{op}: DynamicSpec({self.param!r}, dim={self.spec.dim}) expects argument "
+                            f"{self.param!r} to be a tensor, got {type(value).__name__}")
+        if not -len(shape) <= self.spec.dim < len(shape):
+            raise SpecError(f"{op}: DynamicSpec({self.param!r}, dim={self.spec.dim}): argument {self.param!r} "
+                            f"has {len(shape)} dimension(s), shape {tuple(shape)}")
+        return int(shape[self.spec.dim])
+
+    def position(self, ndim: int) -> int:
+        assert self.spec.dim is not None
+        return self.spec.dim % ndim
+
+
+class BuildConfig:
+    """The dims an op sweeps, as the product of its specs' sweeps.
+
+    Args:
+        specs: one :class:`DynamicSpec` per varying dim; each (argument, dim) at most once.
+        where: keep only combinations for which ``where(dims)`` is true (``dims`` maps spec names to values),
+            e.g. ``lambda d: d["kv.1"] >= d["q.0"]``.
+        max_combinations: past this many combinations a call fails with a clear error instead of queueing
+            an unbounded number of builds.
+    """
+
+    def __init__(self, *specs: DynamicSpec, where: Callable[[Mapping[str, int]], bool] | None = None,
+                 max_combinations: int = 4096) -> None:
+        if not specs:
+            raise SpecError("BuildConfig needs at least one DynamicSpec")
+        for spec in specs:
+            if not isinstance(spec, DynamicSpec):
+                raise SpecError(f"BuildConfig takes DynamicSpec objects, got {spec!r}")
+        names = [s.key for s in specs]
+        for name in names:
+            if names.count(name) > 1:
+                raise SpecError(f"BuildConfig: two specs are named {name!r}; give one a distinct name=")
+        free = {s.key for s in specs if s.follows is None}
+        for spec in specs:
+            if isinstance(spec.follows, str) and spec.follows not in free:
+                raise SpecError(f"BuildConfig: spec {spec.key!r} follows {spec.follows!r}, which is not a swept "
+                                f"spec of this config; swept specs: {sorted(free)}")
+        if not free:
+            raise SpecError("BuildConfig: every spec follows another; at least one must sweep")
+        if isinstance(max_combinations, bool) or not isinstance(max_combinations, int) or max_combinations < 1:
+            raise SpecError(f"BuildConfig: max_combinations must be an int >= 1, got {max_combinations!r}")
+        self.specs = tuple(specs)
+        self.where = where
+        self.max_combinations = max_combinations
+
+    def __repr__(self) -> str:
+        return f"BuildConfig({', '.join(map(repr, self.specs))})"
+
+    def with_specs(self, *extra: DynamicSpec) -> BuildConfig:
+        """A copy with more specs (used for dims that follow a swept one)."""
+        return BuildConfig(*self.specs, *extra, where=self.where, max_combinations=self.max_combinations)
+
+    def resolve(self, op: str, params: list[inspect.Parameter]) -> ResolvedConfig:
+        """Check the specs against an op's parameters, at decoration time."""
+        dims = [_Dim(spec, _resolve_arg(op, spec, params)) for spec in self.specs]
+        seen: dict[tuple[str, int | None], str] = {}
+        for d in dims:
+            where = (d.param, d.spec.dim)
+            if where in seen:
+                raise SpecError(f"{op}: argument {d.param!r} dim {d.spec.dim} is named by two specs "
+                                f"({seen[where]!r} and {d.spec.key!r}); keep one")
+            seen[where] = d.spec.key
+        return ResolvedConfig(op, self, tuple(dims))
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A :class:`BuildConfig` bound to one op's parameters."""
+
+    op: str
+    config: BuildConfig
+    dims: tuple[_Dim, ...]
+
+    def swept(self, bound: Mapping[str, Any]) -> dict[str, set[int]]:
+        """Per argument, the positions of its dims that vary (``-1`` stands for an int argument itself)."""
+        out: dict[str, set[int]] = {}
+        for d in self.dims:
+            d.read(self.op, bound)  # a clear error if the argument lacks the dim
+            pos = -1 if d.spec.dim is None else d.position(len(bound[d.param].shape))
+            out.setdefault(d.param, set()).add(pos)
+        return out
+
+    def combinations(self, bound: Mapping[str, Any]) -> list[dict[str, int]]:
+        """Every combination of dim values to build for this call, each as ``{spec name: value}``."""
+        seen = {d.spec.key: d.read(self.op, bound) for d in self.dims}
+        free = [d for d in self.dims if d.spec.follows is None]
+        tied = [d for d in self.dims if d.spec.follows is not None]
+        sweeps = []
+        for d in free:
+            values = d.spec.values(seen[d.spec.key])
+            total = math.prod(len(s) for s in sweeps) * len(values)
+            if total > self.config.max_combinations:
+                raise SpecError(f"{self.op}: the sweep of {[x.spec.key for x in free]} gives more than "
+                                f"max_combinations={self.config.max_combinations} combinations; narrow a sweep, "
+                                "set max= on a spec, or raise max_combinations")
+            sweeps.append(values)
+        result = []
+        for values in itertools.product(*sweeps):
+            combo = {d.spec.key: v for d, v in zip(free, values)}
+            for d in tied:
+                follows = d.spec.follows
+                value = combo[follows] if isinstance(follows, str) else follows(dict(combo))
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise SpecError(f"{self.op}: spec {d.spec.key!r} follows to {value!r}; expected an int >= 0")
+                combo[d.spec.key] = min(value, d.spec.max) if d.spec.max is not None else value
+            if self.config.where is None or self.config.where(combo):
+                result.append(combo)
+        return result
+
+    def shapes(self, combo: Mapping[str, int]) -> dict[str, dict[int, int]]:
+        """Per argument, ``{dim: value}`` for one combination (dim ``-1``: the int argument itself)."""
+        out: dict[str, dict[int, int]] = {}
+        for d in self.dims:
+            out.setdefault(d.param, {})[-1 if d.spec.dim is None else d.spec.dim] = combo[d.spec.key]
+        return out
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's shape, dtype and device, without its memory: what listers receive in place of tensors."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device = torch.device("cpu")
+
+    @classmethod
+    def like(cls, tensor: torch.Tensor, dims: Mapping[int, int] | None = None) -> TensorSpec:
+        """The spec of ``tensor`` with the given dims replaced."""
+        shape = list(tensor.shape)
+        for dim, value in (dims or {}).items():
+            shape[dim] = value
+        return cls(tuple(shape), tensor.dtype, tensor.device)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def size(self, dim: int | None = None) -> Any:
+        return torch.Size(self.shape) if dim is None else self.shape[dim]
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def stride(self) -> tuple[int, ...]:
+        """Contiguous strides: a spec describes the tensor the op will be called with, laid out densely."""
+        strides, step = [], 1
+        for n in reversed(self.shape):
+            strides.append(step)
+            step *= max(n, 1)
+        return tuple(reversed(strides))
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype, device="meta").element_size()
+
+    def meta(self) -> torch.Tensor:
+        """A meta tensor of this shape and dtype (no memory)."""
+        return torch.empty(self.shape, dtype=self.dtype, device="meta")
+
+
+class _Kind(enum.Enum):
+    TENSOR = "tensor"
+
+
+def _static_key(value: Any) -> Any:
+    """A hashable stand-in for a non-tensor argument: equal for values that make the same kernels."""
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_static_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((repr(k), _static_key(v)) for k, v in value.items())))
+    if isinstance(value, torch.Tensor):
+        return (_Kind.TENSOR, value.dtype, value.device.type, tuple(value.shape), value.is_contiguous())
+    try:
+        hash(value)
+    except TypeError:
+        return (type(value).__qualname__, id(value))
+    return value
+
+
+def call_signature(bound: Mapping[str, Any], swept: Mapping[str, set[int]]) -> tuple:
+    """What identifies a call apart from its swept dims: dtypes, devices, ranks, unswept dims, static args.
+
+    Swept dims appear as ``None``; an int argument that is swept appears as ``None``.
+    """
+    parts = []
+    for name, value in bound.items():
+        positions = swept.get(name)
+        if positions is None:
+            parts.append((name, _static_key(value)))
+        elif -1 in positions:
+            parts.append((name, None))
+        else:
+            shape = tuple(None if i in positions else n for i, n in enumerate(value.shape))
+            parts.append((name, (_Kind.TENSOR, value.dtype, value.device.type, shape, value.is_contiguous())))
+    return tuple(parts)

@@ -1,0 +1,100 @@
+"""Helpers for tests: record what ops list without building anything, and reset buildops between tests.
+
+    from buildops.testing import record_listings
+
+    def test_rmsnorm_lists_one_build_per_pow2_batch():
+        with record_listings() as rec:
+            rmsnorm(torch.empty(100, 4096, dtype=torch.float16), weight)
+        assert [d["x.0"] for d in rec.dims("rmsnorm")] == [1, 2, 4, 8, 16, 32, 64, 100]
+
+In a pytest suite, ``from buildops.testing import fresh_buildops`` in ``conftest.py`` gives every test that asks
+for the fixture a process with no builder, no pending builds and default settings.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from ._builder import Build, current_builder, shutdown
+from ._passes import BuildPass
+
+__all__ = ["Listing", "ListingRecorder", "fresh_buildops", "record_listings", "reset"]
+
+logger = logging.getLogger("buildops")
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What one op listed for one swept shape of one call signature."""
+
+    op: str
+    signature: Hashable
+    dims: Mapping[str, int]
+    builds: tuple[Build, ...]
+
+    @property
+    def keys(self) -> tuple[Hashable, ...]:
+        return tuple(b.key for b in self.builds)
+
+
+class ListingRecorder(BuildPass):
+    """A build pass that records listings instead of queueing builds. Ops inside it return their placeholders."""
+
+    def __init__(self, name: str = "record") -> None:
+        super().__init__(name, join_at_exit=False)
+        self.listings: list[Listing] = []
+
+    def take(self, op: str, signature: Hashable, dims: Mapping[str, int], builds: Iterable[Build]) -> list:
+        self.listings.append(Listing(op, signature, dict(dims), tuple(builds)))
+        return []
+
+    def of(self, op: str) -> list[Listing]:
+        return [entry for entry in self.listings if entry.op == op]
+
+    def ops(self) -> list[str]:
+        """The ops that listed anything, in the order they first did."""
+        return list(dict.fromkeys(entry.op for entry in self.listings))
+
+    def signatures(self, op: str) -> list[Hashable]:
+        """The distinct call signatures ``op`` listed for, in order."""
+        return list(dict.fromkeys(entry.signature for entry in self.of(op)))
+
+    def dims(self, op: str) -> list[Mapping[str, int]]:
+        """The swept shapes ``op`` listed, in order, one per listing."""
+        return [entry.dims for entry in self.of(op)]
+
+    def keys(self, op: str | None = None) -> list[Hashable]:
+        """The build keys listed (by ``op``, or by every op), in order, repeats included."""
+        entries = self.listings if op is None else self.of(op)
+        return [key for entry in entries for key in entry.keys]
+
+
+def record_listings(name: str = "record") -> ListingRecorder:
+    """A pass that records what ops list without building: ``with record_listings() as rec: ...``."""
+    return ListingRecorder(name)
+
+
+def reset(timeout: float = 10.0) -> None:
+    """Forget the process's builder: cancel queued builds, stop its workers, drop every op's pending builds.
+
+    A build still running after ``timeout`` seconds is left to its (daemon) thread.
+    """
+    builder = current_builder()
+    shutdown(wait=True, timeout=timeout)
+    if builder is not None and builder.busy:
+        logger.warning("buildops.testing.reset: %d build(s) still running after %.0f s", builder.busy, timeout)
+
+
+try:
+    import pytest
+except ImportError:  # pytest is only needed to use the fixture
+    pass
+else:
+    @pytest.fixture
+    def fresh_buildops() -> Iterator[None]:
+        """A test that starts and ends with no builder and no pending builds."""
+        reset()
+        yield
+        reset()

@@ -1,0 +1,55 @@
+import threading
+
+import pytest
+import torch
+
+from buildops import Build
+from buildops.testing import fresh_buildops  # noqa: F401  (the fixture)
+
+WAIT = 10.0  # every wait in the tests has a timeout, so a bug fails instead of hanging
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh(fresh_buildops):
+    yield
+
+
+class Runs:
+    """Makes builds that record each run and can be held on a gate (a threading.Event)."""
+
+    def __init__(self):
+        self.calls = []
+        self._lock = threading.Lock()
+        self.started = threading.Event()
+
+    def build(self, op, key, *, gate=None, fail=False, uses_gpu=False, seconds=0.0):
+        def run():
+            with self._lock:
+                self.calls.append(key)
+            self.started.set()
+            if gate is not None:
+                assert gate.wait(WAIT), f"gate of build {key!r} was never opened"
+            if seconds:
+                threading.Event().wait(seconds)
+            if fail:
+                raise RuntimeError(f"compiler crashed on {key!r}")
+            return key
+        return Build(op, key, run, uses_gpu=uses_gpu)
+
+    def count(self, key=None):
+        with self._lock:
+            return len(self.calls) if key is None else self.calls.count(key)
+
+
+@pytest.fixture
+def runs():
+    return Runs()

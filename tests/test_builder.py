@@ -1,0 +1,90 @@
+import os
+import threading
+
+import pytest
+
+import buildops
+from buildops import Build, BuildState, settings
+from buildops._builder import Builder, current_builder, default_builder
+
+from conftest import WAIT
+
+
+def test_submit_dedups_by_key_in_every_state(runs):
+    builder = Builder(threads=2)
+    try:
+        gate = threading.Event()
+        first = builder.submit(runs.build("a", "k", gate=gate))
+        assert builder.submit(runs.build("b", "k")) is first  # queued or building
+        gate.set()
+        assert first.result(WAIT) == "k"
+        assert builder.submit(runs.build("c", "k")) is first  # built
+        assert runs.calls == ["k"]
+        stats = builder.stats()
+        assert (stats["a"].built, stats["b"].shared, stats["c"].shared) == (1, 1, 1)
+    finally:
+        builder.shutdown()
+
+
+def test_worker_count_follows_the_setting(runs):
+    gate = threading.Event()
+    with settings.scope(threads=3):
+        builder = default_builder()
+        for n in range(10):
+            builder.submit(runs.build("op", n, gate=gate))
+        assert builder.workers == 3
+    gate.set()
+    assert buildops.join(timeout=WAIT)
+
+
+def test_default_threads_are_the_cpu_share_capped_at_32():
+    from buildops._config import cpu_share
+    assert settings.threads == min(32, cpu_share()) >= 1
+
+
+def test_shutdown_stops_the_workers(runs):
+    before = threading.active_count()
+    builder = default_builder()
+    for n in range(4):
+        builder.submit(runs.build("op", n))
+    assert buildops.join(timeout=WAIT)
+    assert threading.active_count() > before
+    buildops.shutdown()
+    assert threading.active_count() == before and current_builder() is None
+
+
+def test_shutdown_cancels_queued_builds(runs):
+    gate = threading.Event()
+    builder = Builder(threads=1)
+    running = builder.submit(runs.build("op", 1, gate=gate))
+    queued = builder.submit(runs.build("op", 2))
+    assert runs.started.wait(WAIT)
+    threading.Timer(0.2, gate.set).start()
+    builder.shutdown(wait=True)
+    assert running.result(0) == 1 and queued.cancelled() and builder.busy == 0
+    assert builder.stats()["op"].cancelled == 1
+    with pytest.raises(RuntimeError, match="shut down"):
+        builder.submit(runs.build("op", 3))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_a_fresh_builder(runs):
+    gate = threading.Event()
+    parent = default_builder()
+    parent.submit(runs.build("op", "held", gate=gate))
+    assert runs.started.wait(WAIT)  # a worker is busy, holding whatever it holds
+    pid = os.fork()
+    if pid == 0:  # the child: must not inherit the parent's builder, threads or pending builds
+        code = 1
+        try:
+            fresh = default_builder()
+            ok = fresh is not parent and fresh.workers == 0
+            future = fresh.submit(Build("op", "child", lambda: "built in child"))
+            ok = ok and future.result(WAIT) == "built in child" and buildops.join(timeout=WAIT)
+            code = 0 if ok else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    gate.set()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert buildops.join(timeout=WAIT) and parent.state("held") is BuildState.BUILT

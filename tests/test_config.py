@@ -1,0 +1,58 @@
+import pytest
+import torch
+
+from buildops import BuildConfig, ConfigError, DynamicSpec, build_pass, lists_kernels, settings
+
+
+@pytest.mark.parametrize("variable, value, attribute, message", [
+    ("BUILDOPS_THREADS", "abc", "threads", "BUILDOPS_THREADS='abc': expected a whole number >= 1"),
+    ("BUILDOPS_THREADS", "0", "threads", "BUILDOPS_THREADS='0': expected a whole number >= 1"),
+    ("BUILDOPS", "maybe", "enabled", "BUILDOPS='maybe': expected 1 or 0"),
+    ("BUILDOPS_PROGRESS_AFTER", "-1", "progress_after", "BUILDOPS_PROGRESS_AFTER='-1': expected a number of seconds"),
+])
+def test_bad_settings_name_the_variable(monkeypatch, variable, value, attribute, message):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=message):
+        getattr(settings, attribute)
+
+
+def test_bad_setting_fails_where_it_is_first_needed(monkeypatch):
+    monkeypatch.setenv("BUILDOPS", "2")
+    with pytest.raises(ConfigError, match="BUILDOPS='2'"):
+        lists_kernels(BuildConfig(DynamicSpec("x", 0)))(lambda x: x)
+    with pytest.raises(ConfigError, match="BUILDOPS='2'"):
+        with build_pass("warmup"):
+            pass
+
+
+def test_settings_read_the_environment_when_asked(monkeypatch):
+    monkeypatch.setenv("BUILDOPS_THREADS", "5")
+    assert settings.threads == 5
+    monkeypatch.setenv("BUILDOPS", "off")
+    assert settings.enabled is False
+    monkeypatch.delenv("BUILDOPS")
+    assert settings.enabled is True
+
+
+def test_scope_overrides_and_restores(monkeypatch):
+    monkeypatch.setenv("BUILDOPS_THREADS", "5")
+    with settings.scope(threads=2):
+        assert settings.threads == 2
+        with settings.scope(enabled=False):
+            assert (settings.threads, settings.enabled) == (2, False)
+        assert settings.enabled is True
+    assert settings.threads == 5
+    with pytest.raises(ConfigError, match="BUILDOPS_THREADS='0'"):
+        with settings.scope(threads=0):
+            pass
+    with pytest.raises(ConfigError, match="unknown setting; known: enabled, progress_after, threads"):
+        with settings.scope(thread=2):
+            pass
+    with pytest.raises(AttributeError, match="buildops has no setting 'thread'"):
+        settings.thread
+
+
+def test_bad_setting_leaves_ops_untouched(monkeypatch):
+    op = lists_kernels(BuildConfig(DynamicSpec("x", 0)), output="x")(lambda x: x + 1)
+    monkeypatch.setenv("BUILDOPS_THREADS", "many")
+    assert torch.equal(op(torch.zeros(2)), torch.ones(2))  # outside a pass, settings are never read

@@ -1,0 +1,266 @@
+import inspect
+import logging
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import buildops
+from buildops import Build, BuildConfig, DynamicSpec, SpecError, TensorSpec, build_pass, builds_by_running, \
+    lists_kernels, rehearsal, report, settings
+from buildops._builder import current_builder
+from buildops.testing import record_listings
+
+from conftest import WAIT
+
+
+def make_rmsnorm(runs=None, gate=None, fail=False):
+    """An op whose kernel depends on the hidden size and dtype only (as a Triton RMSNorm's BLOCK does)."""
+    seen = []
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", dim=0)), output="x")
+    def rmsnorm(x, weight, eps=1e-6):
+        """Normalize rows."""
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    @rmsnorm.lister
+    def _(x, weight, eps):
+        seen.append((x, weight, eps))
+        key = ("rmsnorm", x.dtype, x.shape[1])
+        return [runs.build("rmsnorm", key, gate=gate, fail=fail)] if runs else []
+
+    return rmsnorm, seen
+
+
+def test_lists_once_per_signature_and_only_in_a_pass(runs):
+    rmsnorm, seen = make_rmsnorm(runs)
+    x, w = torch.randn(100, 8), torch.ones(8)
+    assert torch.allclose(rmsnorm(x, w), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    assert seen == []  # outside a pass: runs for real, lists nothing
+
+    with build_pass("warmup"):
+        out = rmsnorm(x, w)
+        assert torch.equal(out, torch.zeros_like(x))
+        assert [s[0].shape[0] for s in seen] == [1, 2, 4, 8, 16, 32, 64, 100]
+        assert all(isinstance(s[0], TensorSpec) and s[0].shape[1] == 8 for s in seen)
+        assert all(s[1] == TensorSpec((8,), torch.float32) and s[2] == 1e-6 for s in seen)
+        rmsnorm(torch.randn(37, 8), w)          # same signature: the swept dim differs only
+        assert len(seen) == 8
+        rmsnorm(torch.randn(4, 16), torch.ones(16))  # new signature: lists again
+        assert len(seen) == 8 + 3
+    # every swept shape of one signature needs the same kernel: one build per hidden size
+    assert sorted(runs.calls, key=str) == [("rmsnorm", torch.float32, 16), ("rmsnorm", torch.float32, 8)]
+    stats = report().ops[0]
+    assert (stats.listed, stats.shared, stats.built) == (11, 9, 2)
+
+
+def test_builds_shared_across_ops_run_once(runs):
+    def lister(x):
+        return [runs.build("any", ("the-kernel", x.dtype))]
+
+    first = lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")))(lambda x: x)
+    second = lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")))(lambda x: x)
+    first.lister(lister)
+    second.lister(lister)
+    with build_pass("warmup"):
+        first(torch.empty(3))
+        second(torch.empty(5))
+    assert runs.calls == [("the-kernel", torch.float32)]
+
+
+def test_failed_build_is_left_to_the_op(runs, caplog):
+    rmsnorm, _ = make_rmsnorm(runs, fail=True)
+    x, w = torch.randn(4, 8), torch.ones(8)
+    with caplog.at_level(logging.WARNING, logger="buildops"), build_pass("warmup"):
+        rmsnorm(x, w)
+    failures = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].exc_info is not None
+    assert "will compile it on first use" in failures[0].getMessage()
+    assert torch.allclose(rmsnorm(x, w), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    rep = report()
+    assert rep.ops[0].failed == 1 and "compiler crashed" in rep.failures[0][2]
+
+
+def test_op_outside_a_pass_waits_for_its_own_build(runs):
+    gate = threading.Event()
+    rmsnorm, _ = make_rmsnorm(runs, gate=gate)
+    with rehearsal("startup"):
+        rmsnorm(torch.randn(4, 8), torch.ones(8))
+    assert runs.started.wait(WAIT)
+
+    other_signature = rmsnorm(torch.randn(4, 16), torch.ones(16))  # nothing pending for it: runs at once
+    assert other_signature.shape == (4, 16)
+
+    result = {}
+    caller = threading.Thread(target=lambda: result.setdefault("out", rmsnorm(torch.ones(2, 8), torch.ones(8))))
+    caller.start()
+    caller.join(0.3)
+    assert caller.is_alive() and "out" not in result  # held by the build in flight
+    gate.set()
+    caller.join(WAIT)
+    assert not caller.is_alive() and result["out"].shape == (2, 8)
+    assert report().ops[0].wait_seconds > 0.2
+    assert not rmsnorm._self_op.pending  # settled: later calls take the fast path
+
+
+def test_methods_and_module_forward_keep_their_identity(runs):
+    class Attention(nn.Module):
+        def __init__(self, heads):
+            super().__init__()
+            self.heads = heads
+
+        @lists_kernels(BuildConfig(DynamicSpec(0, dim=0)), output=lambda self, q, scale=1.0: torch.zeros_like(q))
+        def forward(self, q, scale=1.0):
+            """Attend."""
+            return q * scale
+
+    @Attention.forward.lister
+    def _(self, q, scale):
+        return [runs.build("Attention.forward", ("attn", self.heads, q.shape[0]))]
+
+    assert Attention.forward.__name__ == "forward" and Attention.forward.__doc__ == "Attend."
+    assert list(inspect.signature(Attention.forward).parameters) == ["self", "q", "scale"]
+    small, large = Attention(2), Attention(4)
+    with build_pass("warmup"):
+        assert torch.equal(small(torch.ones(3, 2)), torch.zeros(3, 2))
+        large(torch.ones(3, 2), scale=2.0)
+    assert sorted(runs.calls) == [("attn", 2, 1), ("attn", 2, 2), ("attn", 2, 3),
+                                  ("attn", 4, 1), ("attn", 4, 2), ("attn", 4, 3)]
+    assert torch.equal(large(torch.ones(3, 2), scale=2.0), torch.full((3, 2), 2.0))
+
+
+def test_builds_by_running_runs_the_op_at_each_swept_shape():
+    ran = []
+
+    @builds_by_running(BuildConfig(DynamicSpec("x", 0, sweep=[2, 8])), dims={"out": 0}, output="out")
+    def scale_into(x, out, factor):
+        ran.append((x.shape, out.shape, factor, threading.current_thread().name))
+        out.copy_(x * factor)
+        return out
+
+    x, out = torch.arange(12.0).reshape(4, 3), torch.full((4, 3), -1.0)
+    with build_pass("warmup"):
+        placeholder = scale_into(x, out, 2.0)
+        scale_into(torch.ones(6, 3), torch.ones(6, 3), 2.0)  # same signature
+    assert torch.equal(placeholder, torch.zeros(4, 3))
+    assert sorted(ran) == [((2, 3), (2, 3), 2.0, ran[0][3]), ((8, 3), (8, 3), 2.0, ran[1][3])]
+    assert all(name.startswith("buildops-worker") for *_, name in ran)
+    assert torch.equal(out, torch.full((4, 3), -1.0))  # the call's own tensors were not written
+    assert torch.equal(scale_into(x, out, 2.0), x * 2)
+
+
+def test_builds_by_running_tiles_with_the_calls_data():
+    seen = []
+
+    @builds_by_running(BuildConfig(DynamicSpec("ids", 0, sweep=[1, 5])))
+    def gather(table, ids):
+        seen.append(ids.tolist())
+        return table[ids]
+
+    with build_pass("warmup"):
+        assert gather(torch.randn(10, 2), torch.tensor([7, 3])) is None
+    assert sorted(seen) == [[7], [7, 3, 7, 3, 7]]  # cut, and tiled from valid indices
+
+
+def test_disabled_adds_no_wrapper_and_passes_are_plain_blocks():
+    def rmsnorm(x):
+        return x + 1
+
+    with settings.scope(enabled=False):
+        decorated = lists_kernels(BuildConfig(DynamicSpec("x", 0)), output="x")(rmsnorm)
+        assert decorated is rmsnorm
+
+        @decorated.lister  # still accepted, so modules that register listers import unchanged
+        def _(x):
+            raise AssertionError("never called")
+
+        running = builds_by_running(BuildConfig(DynamicSpec("x", 0)))(rmsnorm)
+        assert running is rmsnorm
+        with build_pass("warmup"):
+            assert torch.equal(decorated(torch.zeros(2)), torch.ones(2))
+    assert current_builder() is None
+
+
+def test_misuse_fails_at_decoration_with_the_op_named():
+    with pytest.raises(SpecError, match=r"f: DynamicSpec\('y', dim=0\) names no argument of f"):
+        @lists_kernels(BuildConfig(DynamicSpec("y", 0)))
+        def f(x):
+            pass
+    with pytest.raises(SpecError, match=r"output='out' names no argument"):
+        @lists_kernels(BuildConfig(DynamicSpec("x", 0)), output="out")
+        def g(x):
+            pass
+    with pytest.raises(TypeError, match=r"@lists_kernels on h: expected a BuildConfig"):
+        @lists_kernels(DynamicSpec("x", 0))
+        def h(x):
+            pass
+    with pytest.raises(SpecError, match=r"the config sweeps \['x.0', 'y.0'\]; say which one it follows"):
+        builds_by_running(BuildConfig(DynamicSpec("x", 0), DynamicSpec("y", 0)), dims={"out": 0})
+
+    @builds_by_running(BuildConfig(DynamicSpec("x", 0)))
+    def runner(x):
+        pass
+    with pytest.raises(TypeError, match="takes no lister"):
+        runner.lister(lambda x: [])
+
+
+def test_misuse_at_first_call_names_op_argument_and_dim():
+    op = lists_kernels(BuildConfig(DynamicSpec("x", 1)))(lambda x: x)
+    with build_pass("warmup"), pytest.raises(SpecError, match=r"<lambda>: DynamicSpec\('x', dim=1\): argument 'x' "
+                                                             r"has 1 dimension\(s\), shape \(4,\)"):
+        op(torch.empty(4))
+    with build_pass("warmup"), pytest.raises(SpecError, match=r"<lambda> has no lister: register one"):
+        op(torch.empty(4, 4))
+    op.lister(lambda x: ["not a build"])
+    with build_pass("warmup"), pytest.raises(TypeError, match="the lister of <lambda> returned 'not a build'"):
+        op(torch.empty(4, 4))
+    # outside a pass a malformed call is the function's own business
+    assert op("anything") == "anything"
+
+
+def test_sixteen_threads_calling_ops_while_builds_run(runs):
+    rmsnorm, _ = make_rmsnorm()
+    keys = [("k", h) for h in (8, 16, 32, 64)]
+    rmsnorm.lister(lambda x, w, eps: [runs.build("rmsnorm", ("k", x.shape[1]), seconds=0.01)])
+    errors, barrier = [], threading.Barrier(16)
+
+    def worker(i):
+        try:
+            barrier.wait(WAIT)
+            for j in range(40):
+                hidden = 8 << (j % 4)
+                x, w = torch.randn(1 + (i + j) % 5, hidden), torch.ones(hidden)
+                if j % 10 == 0:
+                    with build_pass(f"t{i}"):  # each thread's own pass: every signature lists again
+                        for h in (8, 16, 32, 64):
+                            y = torch.randn(1 + i, h)
+                            assert torch.equal(rmsnorm(y, torch.ones(h)), torch.zeros_like(y))
+                else:
+                    expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+                    assert torch.allclose(rmsnorm(x, w), expected)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT * 3)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert buildops.join(timeout=WAIT)
+    assert sorted(runs.calls) == sorted(keys)  # each kernel built once, however many threads listed it
+    stats = report().ops[0]
+    assert stats.built == 4 and stats.listed == stats.shared + 4 and stats.pending == 0
+    assert not rmsnorm._self_op.pending
+
+
+def test_a_lister_receives_swept_ints_and_keyword_arguments():
+    seen = []
+    op = lists_kernels(BuildConfig(DynamicSpec("tokens", None, sweep=[16, 32]),
+                                   DynamicSpec("x", 0, follows="tokens")))(lambda x, *, tokens, mode="a": x)
+    op.lister(lambda x, *, tokens, mode: seen.append((x.shape, tokens, mode)) or [])
+    with record_listings() as rec:
+        op(torch.empty(5, 2), tokens=5, mode="b")
+    assert seen == [((16, 2), 16, "b"), ((32, 2), 32, "b")]
+    assert rec.dims("<lambda>") == [{"tokens": 16, "x.0": 16}, {"tokens": 32, "x.0": 32}]

@@ -1,0 +1,175 @@
+import threading
+import time
+
+import pytest
+import torch
+
+import buildops
+from buildops import BuildConfig, BuildState, DynamicSpec, build_pass, lists_kernels, rehearsal, report, settings
+from buildops._builder import current_builder
+
+from conftest import WAIT
+
+
+def op_listing(runs, name="op", **build_kwargs):
+    """An op with one build per call signature: key (name, x.shape[1]); dim 0 is swept "exact"."""
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), name=name)
+    def op(x):
+        return x
+
+    op.lister(lambda x: [runs.build(name, (name, x.shape[1]), **build_kwargs)])
+    return op
+
+
+def in_thread(fn):
+    """Start fn on a thread; returns the thread and a dict that holds its result."""
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("value", fn()))
+    thread.start()
+    return thread, result
+
+
+def test_rehearsal_leaves_builds_running_and_join_waits(runs):
+    gate = threading.Event()
+    op = op_listing(runs, gate=gate)
+    start = time.perf_counter()
+    with rehearsal("startup"):
+        op(torch.empty(4, 3))
+    assert time.perf_counter() - start < WAIT / 2  # did not wait for the held build
+    assert runs.started.wait(WAIT)
+    assert current_builder().state(("op", 3)) is BuildState.BUILDING
+    assert buildops.join(timeout=0.2) is False
+    gate.set()
+    assert buildops.join(timeout=WAIT) is True
+    assert current_builder().state(("op", 3)) is BuildState.BUILT
+
+
+def test_build_pass_joins_at_its_end(runs):
+    gate = threading.Event()
+    op = op_listing(runs, gate=gate)
+
+    def run_pass():
+        with build_pass("warmup"):
+            op(torch.empty(4, 3))
+        return current_builder().state(("op", 3))
+
+    thread, result = in_thread(run_pass)
+    thread.join(0.3)
+    assert thread.is_alive()
+    gate.set()
+    thread.join(WAIT)
+    assert result["value"] is BuildState.BUILT
+
+
+def test_join_gpu_only_and_per_op(runs):
+    gpu_gate, cpu_gate = threading.Event(), threading.Event()
+    attention = op_listing(runs, name="attention.prefill", gate=gpu_gate, uses_gpu=True)
+    norm = op_listing(runs, name="norm", gate=cpu_gate)
+    with settings.scope(threads=2), rehearsal("startup"):
+        attention(torch.empty(4, 2))
+        norm(torch.empty(4, 2))
+    assert buildops.join(gpu_only=True, timeout=0.2) is False
+    gpu_gate.set()
+    assert buildops.join(gpu_only=True, timeout=WAIT) is True
+    assert buildops.join(op="attention", timeout=WAIT) is True   # by prefix
+    assert buildops.join(op="norm", timeout=0.2) is False
+    assert buildops.join(timeout=0.2) is False
+    cpu_gate.set()
+    assert buildops.join(op="norm", timeout=WAIT) is True
+
+
+def test_nested_passes_join_once_at_the_outermost(runs):
+    gate = threading.Event()
+    op = op_listing(runs, gate=gate)
+    inner_done = threading.Event()
+
+    def run_passes():
+        with build_pass("outer"):
+            with build_pass("inner"):
+                op(torch.empty(4, 3))
+            inner_done.set()  # the inner pass ended without waiting for the held build
+        return current_builder().state(("op", 3))
+
+    thread, result = in_thread(run_passes)
+    assert inner_done.wait(WAIT)
+    thread.join(0.3)
+    assert thread.is_alive()  # the outer one waits
+    gate.set()
+    thread.join(WAIT)
+    assert result["value"] is BuildState.BUILT
+
+
+def test_nested_rehearsal_in_a_build_pass_defers_to_it(runs):
+    gate = threading.Event()
+    op = op_listing(runs, gate=gate)
+    with rehearsal("outer"):
+        with build_pass("inner"):  # the outermost decides: no join here
+            op(torch.empty(4, 3))
+    assert current_builder().state(("op", 3)) in (BuildState.QUEUED, BuildState.BUILDING)
+    gate.set()
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_raising_body_cancels_its_unstarted_builds(runs, error):
+    gate = threading.Event()
+    op = op_listing(runs, gate=gate)
+    with settings.scope(threads=1), pytest.raises(error):
+        with build_pass("warmup"):
+            for n in range(1, 6):
+                op(torch.empty(4, n))
+                runs.started.wait(WAIT)  # the first build holds the only worker
+            raise error("dummy forward broke")
+    builder = current_builder()
+    assert [builder.state(("op", n)) for n in range(1, 6)] == [BuildState.BUILDING] + [None] * 4
+    gate.set()
+    assert buildops.join(timeout=WAIT)
+    time.sleep(0.1)  # a worker that wrongly went on would have started the next build by now
+    assert runs.calls == [("op", 1)] and builder.busy == 0
+    stats = report().ops[0]
+    assert (stats.built, stats.cancelled, stats.pending) == (1, 4, 0)
+
+
+def test_inner_pass_raising_cancels_only_its_own_builds(runs):
+    gate = threading.Event()
+    outer_op = op_listing(runs, name="outer", gate=gate)
+    inner_op = op_listing(runs, name="inner")
+    with settings.scope(threads=1), rehearsal("outer"):
+        outer_op(torch.empty(4, 1))
+        assert runs.started.wait(WAIT)
+        outer_op(torch.empty(4, 2))
+        with pytest.raises(ValueError), build_pass("inner"):
+            inner_op(torch.empty(4, 1))
+            raise ValueError
+    gate.set()
+    assert buildops.join(timeout=WAIT)
+    assert runs.calls == [("outer", 1), ("outer", 2)]
+
+
+def test_a_cancelled_key_can_be_queued_again(runs):
+    gate = threading.Event()
+    blocker = op_listing(runs, name="blocker", gate=gate)
+    op = op_listing(runs)
+    with settings.scope(threads=1):
+        with rehearsal("first"):
+            blocker(torch.empty(4, 1))
+        assert runs.started.wait(WAIT)
+        with pytest.raises(RuntimeError), build_pass("broken"):
+            op(torch.empty(4, 3))
+            raise RuntimeError
+        with rehearsal("again"):
+            op(torch.empty(4, 3))
+    gate.set()
+    assert buildops.join(timeout=WAIT)
+    assert runs.count(("op", 3)) == 1
+
+
+def test_join_shows_progress_when_it_waits_long(runs, capsys):
+    op = op_listing(runs, seconds=0.5)
+    with settings.scope(progress_after=0.1), build_pass("warmup"):
+        op(torch.empty(4, 3))
+    assert "buildops: waiting for builds of pass 'warmup'" in capsys.readouterr().err
+
+
+def test_a_pass_needs_a_name():
+    with pytest.raises(TypeError, match="a build pass needs a non-empty name"):
+        build_pass("")

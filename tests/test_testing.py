@@ -1,0 +1,31 @@
+import torch
+
+from buildops import Build, BuildConfig, DynamicSpec, lists_kernels
+from buildops._builder import current_builder
+from buildops.testing import record_listings
+
+
+@lists_kernels(BuildConfig(DynamicSpec("x", 0, max=64)), output="x")
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+@softmax.lister
+def _(x):
+    block = 1 << (x.shape[-1] - 1).bit_length()
+    return [Build("softmax", ("softmax", x.dtype, block, x.shape[0] >= 32), lambda: None)]
+
+
+def test_recorder_captures_listings_without_building():
+    with record_listings() as rec:
+        out = softmax(torch.randn(100, 48))
+        softmax(torch.randn(7, 48))                       # same signature
+        softmax(torch.randn(3, 48, dtype=torch.float16))  # new signature
+    assert torch.equal(out, torch.zeros(100, 48))
+    assert rec.ops() == ["softmax"]
+    assert len(rec.signatures("softmax")) == 2
+    assert [d["x.0"] for d in rec.dims("softmax")] == [1, 2, 4, 8, 16, 32, 64, 1, 2, 3]
+    assert rec.keys("softmax")[:1] == [("softmax", torch.float32, 64, False)]
+    assert set(rec.keys()) == {("softmax", dt, 64, big) for dt in (torch.float32, torch.float16)
+                               for big in (False, True)} - {("softmax", torch.float16, 64, True)}
+    assert current_builder() is None  # nothing was queued, no worker started
