@@ -76,7 +76,7 @@ class _Op:
     # -- the call ---------------------------------------------------------------------------------------------
 
     def call(self, wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
-        """wrapt's wrapper: everything but the fast path, which the wrapper classes below take themselves."""
+        """wrapt's wrapper (for a plain function, _OpWrapper.__call__ takes the fast path before it)."""
         build_pass = _current.get()
         if build_pass is None:
             if self.pending:
@@ -118,6 +118,18 @@ class _Op:
     def builds(self, bound: inspect.BoundArguments, dims: Mapping[str, int]) -> list[Build]:
         """The builds for one swept shape. Subclasses define how."""
         raise NotImplementedError
+
+    def register_lister(self, fn: Lister) -> Lister:
+        """``@op.lister``: register how the op lists its builds; returns ``fn`` unchanged.
+
+        Contract: ``fn`` takes the op's own arguments (``self`` too, for a method) with every tensor replaced by a
+        :class:`TensorSpec` at one swept shape and every swept int by its swept value; it returns the
+        :class:`Build` objects that shape needs. It must not allocate GPU memory or compile anything itself.
+        """
+        if not callable(fn):
+            raise TypeError(f"{self.name}.lister: expected a function, got {fn!r}")
+        self.lister = fn
+        return fn
 
     def _placeholder(self, bound: inspect.BoundArguments) -> Any:
         if self.output is None:
@@ -178,6 +190,9 @@ class _ListingOp(_Op):
 
 class _RunningOp(_Op):
     """An op whose kernels compile inside its own run: each build is one real run at a swept shape."""
+
+    def register_lister(self, fn: Lister) -> Lister:
+        raise TypeError(f"{self.name} is a @builds_by_running op: its builds are its own runs, so it takes no lister")
 
     def builds(self, bound: inspect.BoundArguments, dims: Mapping[str, int]) -> list[Build]:
         device = next((v.device for v in bound.arguments.values() if isinstance(v, torch.Tensor) and v.is_cuda),
@@ -244,43 +259,29 @@ def _run_at(fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Ma
 
 # -- the wrappers ---------------------------------------------------------------------------------------------
 
-class _BoundOpWrapper(wrapt.BoundFunctionWrapper):
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        op = self._self_parent._self_op
-        if not op.pending and _current.get() is None:  # the fast path: nothing pending, no pass
-            return self.__wrapped__(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
+class _FunctionOp(wrapt.FunctionWrapper):
+    """A decorated plain function, with the fast path ahead of wrapt's own dispatch: nothing pending, no pass.
 
-
-class _OpWrapper(wrapt.FunctionWrapper):
-    """The decorated op: the function it wraps, plus ``.lister`` to register how the op lists its builds."""
-
-    __bound_function_wrapper__ = _BoundOpWrapper
-
-    def __init__(self, fn: Callable, op: _Op) -> None:
-        super().__init__(fn, op.call)
-        self._self_op = op
+    Methods are plain ``wrapt.FunctionWrapper`` objects instead: wrapt binds a subclass through a slower path,
+    which would cost more than this saves. Their fast path is the first check in ``_Op.call``.
+    """
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         op = self._self_op
-        if not op.pending and _current.get() is None:  # the fast path: nothing pending, no pass
+        if not op.pending and _current.get() is None:
             return self.__wrapped__(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
-    def lister(self, fn: Lister) -> Lister:
-        """Register the op's lister (use as ``@op.lister``); returns ``fn`` unchanged.
 
-        Contract: ``fn`` takes the op's own arguments (``self`` too, for a method) with every tensor replaced by a
-        :class:`TensorSpec` at one swept shape and every swept int by its swept value; it returns the
-        :class:`Build` objects that shape needs. It must not allocate GPU memory or compile anything itself.
-        """
-        if not isinstance(self._self_op, _ListingOp):
-            raise TypeError(f"{self._self_op.name} is a @builds_by_running op: its builds are its own runs, "
-                            "so it takes no lister")
-        if not callable(fn):
-            raise TypeError(f"{self._self_op.name}.lister: expected a function, got {fn!r}")
-        self._self_op.lister = fn
-        return fn
+def _wrap(fn: Callable, op: _Op) -> Callable:
+    """The op's wrapper; ``.lister`` reaches the op through the wrapped function (a proxy forwards attributes)."""
+    try:
+        fn.lister = op.register_lister  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        raise TypeError(f"buildops cannot decorate {op.name}: it takes no attributes (wrap it in a function)")
+    wrapper = wrapt.FunctionWrapper(fn, op.call) if op.method else _FunctionOp(fn, op.call)
+    wrapper._self_op = op
+    return wrapper
 
 
 def _ignore_lister(fn: Lister) -> Lister:
@@ -308,7 +309,7 @@ def lists_kernels(config: BuildConfig, *, output: Output = None, name: str | Non
     def decorate(fn: Callable) -> Callable:
         if not settings.enabled:
             return _transparent(fn)
-        return _OpWrapper(fn, _ListingOp(fn, config, output, name, "lists_kernels"))
+        return _wrap(fn, _ListingOp(fn, config, output, name, "lists_kernels"))
     return decorate
 
 
@@ -343,5 +344,5 @@ def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int
     def decorate(fn: Callable) -> Callable:
         if not settings.enabled:
             return _transparent(fn)
-        return _OpWrapper(fn, _RunningOp(fn, config, output, name, "builds_by_running"))
+        return _wrap(fn, _RunningOp(fn, config, output, name, "builds_by_running"))
     return decorate

@@ -1,0 +1,54 @@
+"""GPU tests (marker ``gpu``): run on a machine with CUDA; skipped elsewhere."""
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import buildops
+from buildops import BuildConfig, DynamicSpec, build_pass, builds_by_running, rehearsal, report
+
+from conftest import WAIT
+
+pytestmark = pytest.mark.gpu
+
+
+def test_builds_by_running_runs_on_a_worker_stream_and_is_a_gpu_build():
+    seen = []
+    gate = threading.Event()
+
+    @builds_by_running(BuildConfig(DynamicSpec("x", 0, sweep=[16, 64])), output="x")
+    def double(x):
+        if torch.cuda.current_stream() != torch.cuda.default_stream():
+            gate.wait(WAIT)
+        seen.append((x.shape[0], torch.cuda.current_stream() != torch.cuda.default_stream(),
+                     threading.current_thread().name))
+        return x * 2
+
+    x = torch.ones(32, 128, device="cuda")
+    with rehearsal("startup"):
+        assert torch.equal(double(x), torch.zeros_like(x))
+    assert buildops.join(gpu_only=True, timeout=0.2) is False  # held: the builds count as GPU builds
+    gate.set()
+    assert buildops.join(gpu_only=True, timeout=WAIT)
+    assert sorted(s[:2] for s in seen) == [(16, True), (64, True)]
+    assert all(name.startswith("buildops-worker") for *_, name in seen)
+    assert torch.equal(double(x), x * 2)
+
+
+def test_demo_ops_build_then_match_torch():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from demo_ops import matmul, rmsnorm, softmax
+
+    x = torch.randn(200, 1024, device="cuda", dtype=torch.float16)
+    w = torch.randn(1024, device="cuda", dtype=torch.float16)
+    b = torch.randn(1024, 512, device="cuda", dtype=torch.float16)
+    with build_pass("warmup"):
+        rmsnorm(x, w), softmax(x), matmul(x, b)
+    assert report().total("failed") == 0 and report().total("built") > 0
+    ref = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).half()
+    torch.testing.assert_close(rmsnorm(x, w), ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(softmax(x), torch.softmax(x.float(), -1).half(), atol=1e-3, rtol=1e-2)
+    torch.testing.assert_close(matmul(x, b), (x.float() @ b.float()).half(), atol=0.5, rtol=2e-2)
