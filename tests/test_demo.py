@@ -14,4 +14,5 @@ def test_the_demo_builds_real_kernels_and_reports(tmp_path):
     lines = result.stdout.splitlines()
     assert any(line.split()[:5] == ["matmul", "28", "22", "6", "0"] for line in lines), result.stdout
     assert "14 kernel(s) built" in result.stdout and ", 0 failed" in result.stdout
-    assert len(list(tmp_path.rglob("*.cubin"))) == 14  # real artifacts, in Triton's own cache
+    # real artifacts, in Triton's own cache (on a GPU the demo's closing real call adds an fp32 variant)
+    assert len(list(tmp_path.rglob("*.cubin"))) >= 14
