@@ -76,7 +76,7 @@ class _Op:
     # -- the call ---------------------------------------------------------------------------------------------
 
     def call(self, wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
-        """wrapt's wrapper (for a plain function, _OpWrapper.__call__ takes the fast path before it)."""
+        """wrapt's wrapper (for a plain function, _FunctionOp.__call__ takes the fast path before it)."""
         build_pass = _current.get()
         if build_pass is None:
             if self.pending:
