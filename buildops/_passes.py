@@ -78,7 +78,6 @@ class BuildPass:
     def take(self, op: str, signature: Hashable, dims: Mapping[str, int], builds: Iterable[Build]) -> list:
         """Queue the builds an op listed for one swept shape; return their futures."""
         builder = self._builder or default_builder()
-        self._builder = builder
         futures = [builder.submit(build, owner=self) for build in builds]
         node: BuildPass | None = self
         while node is not None:  # every enclosing pass answers for what its body queued

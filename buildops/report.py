@@ -39,8 +39,10 @@ class Report:
                                                               "pending")),
                      f"{self.total('build_seconds'):.2f}", f"{self.total('wait_seconds'):.2f}"))
         widths = [max(len(str(r[i])) for r in (head, *rows)) for i in range(len(head))]
-        line = lambda r: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(r, widths)))
+
+        def line(row) -> str:  # the op name left-aligned, the figures right-aligned
+            return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
         out = [line(head), line(["-" * w for w in widths]), *map(line, rows[:-1]), line(rows[-1])]
         out += [f"failed: {op}: {build}: {error}" for op, build, error in self.failures]
         return "\n".join(out)
