@@ -7,6 +7,7 @@ queues compile-only builds for every swept shape on the process's builder. See `
 
 from ._builder import Build, BuildState, join, shutdown
 from ._config import ConfigError, settings
+from ._late import LateCompile, LateCompileError, late_compiles
 from ._ops import builds_by_running, lists_kernels
 from ._passes import build_pass, rehearsal
 from ._specs import BuildConfig, DynamicSpec, SpecError, TensorSpec
@@ -18,11 +19,14 @@ __all__ = [
     "BuildState",
     "ConfigError",
     "DynamicSpec",
+    "LateCompile",
+    "LateCompileError",
     "SpecError",
     "TensorSpec",
     "build_pass",
     "builds_by_running",
     "join",
+    "late_compiles",
     "lists_kernels",
     "rehearsal",
     "report",

@@ -129,6 +129,7 @@ class Builder:
         thread.start()
 
     def _work(self) -> None:
+        _thread_role.builder = True
         while True:
             record = self._queue.get()
             if record is None:
@@ -292,6 +293,14 @@ def _progress_bar(what: str, total: int, done: int):
     from tqdm.auto import tqdm  # only long waits pay for it
 
     return tqdm(total=total, initial=done, desc=f"buildops: waiting for {what}", unit="build", leave=False)
+
+
+_thread_role = threading.local()
+
+
+def on_builder_thread() -> bool:
+    """True on a builder's worker thread (compiles there are builds, not late compiles)."""
+    return getattr(_thread_role, "builder", False)
 
 
 # -- the process-wide builder ---------------------------------------------------------------------------------

@@ -66,6 +66,22 @@ def cpu_share() -> int:
     return count
 
 
+def _parse_choice(*choices: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
+        return value
+    return parse
+
+
+def _parse_target(name: str, raw: str) -> tuple[str, int]:
+    backend, _, arch = raw.strip().partition(":")
+    if backend not in ("cuda", "hip") or not arch.isdigit():
+        raise ConfigError(f"{name}={raw!r}: expected BACKEND:ARCH, e.g. cuda:90 (Hopper) or cuda:80 (Ampere)")
+    return backend, int(arch)
+
+
 @dataclass(frozen=True)
 class _Setting:
     env: str
@@ -82,6 +98,14 @@ _SETTINGS = {
     "threads": _Setting(
         "BUILDOPS_THREADS", _parse_count, lambda: min(32, cpu_share()),
         "Worker threads of the builder (default: this process's CPU share, at most 32).",
+    ),
+    "late_compile": _Setting(
+        "BUILDOPS_LATE_COMPILE", _parse_choice("warn", "error", "ignore"), lambda: "warn",
+        "What a kernel compiled on first use after a pass does: warn (log once), error (raise), ignore.",
+    ),
+    "triton_target": _Setting(
+        "BUILDOPS_TRITON_TARGET", _parse_target, lambda: ("cuda", 90),
+        "The target Triton builds compile for on a machine without a GPU driver (BACKEND:ARCH).",
     ),
     "progress_after": _Setting(
         "BUILDOPS_PROGRESS_AFTER", _parse_seconds, lambda: 1.0,
@@ -122,7 +146,7 @@ class _Settings:
             setting = _SETTINGS.get(name)
             if setting is None:
                 raise ConfigError(f"settings.scope({name}=...): unknown setting; known: {', '.join(sorted(_SETTINGS))}")
-            setting.parse(setting.env, str(int(value) if isinstance(value, bool) else value))
+            setting.parse(setting.env, _as_env(value))
         with self._lock:
             saved = dict(self._overrides)
             self._overrides.update(overrides)
@@ -132,6 +156,15 @@ class _Settings:
             with self._lock:
                 self._overrides.clear()
                 self._overrides.update(saved)
+
+
+def _as_env(value: Any) -> str:
+    """How a Python value given to ``scope`` reads as an environment value, for validation."""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, tuple):
+        return ":".join(map(str, value))
+    return str(value)
 
 
 settings = _Settings()

@@ -27,6 +27,7 @@ import wrapt
 from ._builder import Build, current_builder
 from ._config import settings
 from ._passes import BuildPass, _current
+from ._replay import replay
 from ._specs import BuildConfig, DynamicSpec, SpecError, TensorSpec, call_signature
 
 __all__ = ["builds_by_running", "lists_kernels"]
@@ -167,12 +168,11 @@ class _Op:
 
 
 class _ListingOp(_Op):
-    """An op whose lister turns shape/dtype specs into builds."""
+    """An op whose lister turns shape/dtype specs into builds; without a lister, listed by replay."""
 
     def builds(self, bound: inspect.BoundArguments, dims: Mapping[str, int]) -> list[Build]:
-        if self.lister is None:
-            raise SpecError(f"{self.name} has no lister: register one with @{self.name.split('.')[-1]}.lister, "
-                            "a function that takes the op's arguments as TensorSpecs and returns Builds")
+        if self.lister is None:  # no hand-written list: run the op's own host code with launches recorded
+            return replay(self.name, self.fn, bound, self.config.shapes(dims), dims)
         specs = inspect.BoundArguments(bound.signature, bound.arguments.copy())
         shapes = self.config.shapes(dims)
         for name, value in bound.arguments.items():

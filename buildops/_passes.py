@@ -15,6 +15,7 @@ import time
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
+from . import _late
 from ._builder import Build, Builder, current_builder, default_builder
 from ._config import settings
 
@@ -36,6 +37,9 @@ class BuildPass:
     Use :func:`build_pass` (joins at its end) or :func:`rehearsal` (does not). Subclasses may override
     :meth:`take` to do something other than queueing the builds (``buildops.testing`` records them).
     """
+
+    #: whether the end of this pass (as the outermost) starts late-compile detection
+    arms_late_compiles = True
 
     def __init__(self, name: str, join_at_exit: bool) -> None:
         if not isinstance(name, str) or not name:
@@ -110,9 +114,13 @@ class BuildPass:
                 logger.info("buildops: pass %r raised %s; cancelled %d queued build(s)",
                             self.name, exc_type.__name__, cancelled)
             return
-        if self.parent is None and self.join_at_exit and builder is not None and builder is current_builder():
+        if self.parent is not None:
+            return
+        if self.join_at_exit and builder is not None and builder is current_builder():
             wanted = set(self.futures)
             builder.wait(lambda r: r.future in wanted, what=f"builds of pass {self.name!r}")
+        if self.arms_late_compiles:
+            _late.arm()  # from now on, a kernel compiled on first use is a gap in what the passes covered
         logger.info("buildops: pass %r done in %.2f s (%d build(s) queued%s)", self.name,
                     time.perf_counter() - self._started, len(set(self.futures)),
                     "" if self.join_at_exit else ", still building")

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from . import _late
 from ._builder import Build, current_builder, shutdown
 from ._passes import BuildPass
 
@@ -41,6 +42,8 @@ class Listing:
 
 class ListingRecorder(BuildPass):
     """A build pass that records listings instead of queueing builds. Ops inside it return their placeholders."""
+
+    arms_late_compiles = False  # nothing was built, so nothing compiled afterwards is a gap
 
     def __init__(self, name: str = "record") -> None:
         super().__init__(name, join_at_exit=False)
@@ -77,12 +80,14 @@ def record_listings(name: str = "record") -> ListingRecorder:
 
 
 def reset(timeout: float = 10.0) -> None:
-    """Forget the process's builder: cancel queued builds, stop its workers, drop every op's pending builds.
+    """Forget the process's builder (cancel queued builds, stop its workers, drop every op's pending builds) and
+    the late compiles recorded so far; late-compile detection starts again after the next pass.
 
     A build still running after ``timeout`` seconds is left to its (daemon) thread.
     """
     builder = current_builder()
     shutdown(wait=True, timeout=timeout)
+    _late.reset()
     if builder is not None and builder.busy:
         logger.warning("buildops.testing.reset: %d build(s) still running after %.0f s", builder.busy, timeout)
 

@@ -1,0 +1,131 @@
+"""Late compiles: kernels compiled on first use after a build pass, outside buildops' workers.
+
+Each one is a gap in what the passes covered. Library backends report them with :func:`record` from their own
+compile hooks (Triton: ``knobs.runtime.jit_post_compile_hook``); what happens then follows
+``BUILDOPS_LATE_COMPILE``: ``warn`` logs each distinct kernel variant once, ``error`` raises
+:class:`LateCompileError` into the call that compiled, ``ignore`` only records.
+Nothing is recorded until the first outermost pass has ended: before that, compiling on first use is normal.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from ._config import settings
+
+__all__ = ["LateCompile", "LateCompileError", "late_compiles"]
+
+logger = logging.getLogger("buildops")
+
+
+class LateCompileError(RuntimeError):
+    """A kernel compiled on first use after a build pass, with ``BUILDOPS_LATE_COMPILE=error``."""
+
+    def __init__(self, late: LateCompile) -> None:
+        super().__init__(f"{late.describe()}; list it in a build pass (or set BUILDOPS_LATE_COMPILE=warn)")
+        self.late = late
+
+
+@dataclass(frozen=True)
+class LateCompile:
+    library: str               # "triton", ...
+    kernel: str                # module.qualname of the kernel
+    variant: str               # the library's description of the specialization that compiled
+    ops: tuple[str, ...]       # ops that listed builds of this kernel, if any
+    where: str                 # the first caller frame outside the libraries and buildops
+
+    def describe(self) -> str:
+        ops = f" (listed by {', '.join(self.ops)})" if self.ops else " (no op listed this kernel)"
+        return f"late compile of {self.library} kernel {self.kernel}{ops} at {self.where}: {self.variant}"
+
+
+class _LateCompiles:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._armed = False
+        self._seen: set[Hashable] = set()
+        self.records: list[LateCompile] = []
+        self.watchers: list[Callable[[], None]] = []
+
+    def arm(self) -> None:
+        """Called when an outermost pass ends: from now on, first-use compiles are late. Installs watchers."""
+        self._armed = True
+        if "triton" in sys.modules:  # watch Triton only where it is already in use; never import it for this
+            importlib.import_module("buildops.triton")
+        for install in list(self.watchers):
+            install()
+
+    def record(self, late: LateCompile, key: Hashable) -> None:
+        if not self._armed:
+            return
+        mode = settings.late_compile
+        with self._lock:
+            first = key not in self._seen
+            self._seen.add(key)
+            self.records.append(late)
+        if mode == "error":
+            raise LateCompileError(late)
+        if mode == "warn" and first:
+            logger.warning("buildops: %s", late.describe())
+
+    def reset(self) -> None:
+        with self._lock:
+            self._armed = False
+            self._seen.clear()
+            self.records.clear()
+
+
+_state = _LateCompiles()
+
+
+def record(late: LateCompile, key: Hashable) -> None:
+    """Report a first-use compile (a backend's compile hook calls this); raises in ``error`` mode."""
+    _state.record(late, key)
+
+
+def arm() -> None:
+    _state.arm()
+
+
+def add_watcher(install: Callable[[], None]) -> None:
+    """Register a function that installs a library's compile hook; it is called at the end of every root pass."""
+    if install not in _state.watchers:
+        _state.watchers.append(install)
+
+
+def late_compiles() -> list[LateCompile]:
+    """Every late compile recorded so far, in order."""
+    with _state._lock:
+        return list(_state.records)
+
+
+def reset() -> None:
+    _state.reset()
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import os
+    import sys
+
+    dirs = [os.path.dirname(os.path.abspath(__file__))]
+    for name in ("triton", "torch", "contextlib", "functools", "threading"):
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if path:
+            dirs.append(os.path.dirname(path) if name in ("triton", "torch") else path)
+    return tuple(dirs)
+
+
+def caller() -> str:
+    """The innermost frame outside the libraries and buildops: where a late compile came from."""
+    skipped = _library_dirs()
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        if not frame.filename.startswith(skipped):
+            return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return "<unknown>"

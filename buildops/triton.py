@@ -1,0 +1,327 @@
+"""Compile-only Triton builds, listing by replay, and late-compile detection.
+
+Imported only when Triton is used: by a lister that calls :func:`triton_builds`, by an op listed by replay, or at
+the end of a pass when ``triton`` is already imported (to watch for late compiles).
+
+How a build stays exact: a build is recorded where the real launch would happen, at the innermost
+``JITFunction.run``, with the arguments and keyword options the launch passes (after ``@triton.autotune`` and
+``@triton.heuristics`` have added theirs, in the same order, since Triton's in-memory key depends on it). The
+build replays that call as ``JITFunction.warmup`` on a worker, with every tensor replaced by a stand-in that has
+the tensor's dtype and pointer alignment (so integers equal to 1, multiples of 16 and aligned pointers specialize
+as they would). The real launch then finds the kernel in Triton's cache and compiles nothing.
+
+Interception (``JITFunction.run`` and ``Autotuner.run`` replaced by recording versions) is installed only while a
+recording is active, and even then it records only on the thread (context) that records: elsewhere, Triton runs
+as without buildops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import triton
+from torch._subclasses.fake_tensor import FakeTensor
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.backends.driver import DriverBase
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction, compute_cache_key
+
+from . import _late
+from ._builder import Build, on_builder_thread
+from ._config import settings
+from ._specs import TensorSpec
+
+__all__ = ["CompileOnlyDriver", "PointerArg", "recording", "target", "triton_builds"]
+
+logger = logging.getLogger("buildops")
+
+
+# -- a driver for machines without a GPU ----------------------------------------------------------------------
+
+class CompileOnlyDriver(DriverBase):
+    """A Triton driver that compiles for a fixed target and refuses to load or launch: for machines without a GPU.
+
+    buildops installs it only when Triton finds no driver (``0 active drivers``); the target comes from
+    ``BUILDOPS_TRITON_TARGET`` (default ``cuda:90``).
+    """
+
+    def __init__(self, backend: str, arch: int) -> None:
+        super().__init__()
+        self.target = GPUTarget(backend, arch, 32 if backend == "cuda" else 64)
+
+    @classmethod
+    def is_active(cls) -> bool:
+        return False  # never picked by Triton's own driver discovery
+
+    def map_python_to_cpp_type(self, ty: str) -> str:
+        raise NotImplementedError("compile-only driver")
+
+    def get_current_target(self) -> GPUTarget:
+        return self.target
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def set_current_device(self, device: int) -> None:
+        pass
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_device_capability(self, device: int | None = None) -> tuple[int, int]:
+        return divmod(self.target.arch, 10)
+
+    def get_benchmarker(self):
+        raise RuntimeError("buildops compile-only Triton driver: there is no GPU to benchmark on")
+
+    @property
+    def utils(self):
+        raise RuntimeError("buildops compile-only Triton driver: kernels are compiled here, never loaded or launched")
+
+    @property
+    def launcher_cls(self):
+        raise RuntimeError("buildops compile-only Triton driver: kernels are compiled here, never loaded or launched")
+
+
+_driver_lock = threading.Lock()
+
+
+def target() -> GPUTarget:
+    """The target Triton compiles for here: the current GPU's, or ``BUILDOPS_TRITON_TARGET`` without a GPU."""
+    try:
+        return driver.active.get_current_target()
+    except RuntimeError:  # "0 active drivers": no GPU here
+        with _driver_lock:
+            try:
+                return driver.active.get_current_target()
+            except RuntimeError:
+                backend, arch = settings.triton_target
+                driver.set_active(CompileOnlyDriver(backend, arch))
+                logger.info("buildops: no GPU driver; Triton builds compile for %s:%d", backend, arch)
+                return driver.active.get_current_target()
+
+
+def _compile_only() -> bool:
+    return isinstance(driver.active, CompileOnlyDriver)
+
+
+# -- stand-ins for tensors ------------------------------------------------------------------------------------
+
+class PointerArg:
+    """What Triton's specialization reads of a tensor argument (its dtype and pointer alignment), without memory."""
+
+    __slots__ = ("dtype", "aligned")
+
+    def __init__(self, dtype: torch.dtype, aligned: bool = True) -> None:
+        self.dtype = dtype
+        self.aligned = aligned
+
+    def data_ptr(self) -> int:
+        return 0 if self.aligned else 8  # Triton specializes on data_ptr() % 16
+
+    def __repr__(self) -> str:
+        return f"PointerArg({self.dtype}, aligned={self.aligned})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PointerArg) and (self.dtype, self.aligned) == (other.dtype, other.aligned)
+
+    def __hash__(self) -> int:
+        return hash((self.dtype, self.aligned))
+
+    def __reduce__(self):
+        return PointerArg, (self.dtype, self.aligned)
+
+
+def _stand_in(arg: Any) -> Any:
+    if isinstance(arg, torch.Tensor):
+        if isinstance(arg, FakeTensor) or arg.device.type == "meta":  # allocations are aligned: the offset decides
+            pointer = arg.storage_offset() * arg.element_size()
+        else:
+            pointer = arg.data_ptr()
+        return PointerArg(arg.dtype, pointer % 16 == 0)
+    if isinstance(arg, TensorSpec):
+        return PointerArg(arg.dtype, True)
+    if isinstance(arg, torch.dtype):
+        return PointerArg(arg, True)
+    if isinstance(arg, tuple):
+        return tuple(_stand_in(a) for a in arg)
+    return arg
+
+
+def _inner_jit(kernel: Any) -> JITFunction:
+    while not isinstance(kernel, JITFunction):
+        kernel = kernel.fn
+    return kernel
+
+
+def _kernel_name(jit: JITFunction) -> str:
+    return f"{jit.fn.__module__}.{jit.fn.__qualname__}"
+
+
+def _launch_key(jit: JITFunction, args: tuple, kwargs: dict) -> str:
+    """The key ``JITFunction.run`` will look up for this launch (mirrors its preprocessing; 3.6 and 3.7)."""
+    options = dict(kwargs)
+    options["debug"] = options.get("debug", jit.debug) or knobs.runtime.debug
+    options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    binder = jit.device_caches[driver.active.get_current_device()][4]
+    _, specialization, options = binder(*args, **options)
+    stages_hook = getattr(knobs.runtime, "add_stages_inspection_hook", None)
+    if stages_hook is not None:
+        specialization.append(f'("custom_pipeline", {stages_hook()[1]})')
+    return compute_cache_key({}, specialization, options)
+
+
+# -- recording launches ---------------------------------------------------------------------------------------
+
+class _Recording:
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self.builds: list[Build] = []
+
+    def add(self, jit: JITFunction, args: tuple, kwargs: dict) -> None:
+        stand_ins = tuple(_stand_in(a) for a in args)
+        kwargs = {k: _stand_in(v) for k, v in kwargs.items()}
+        the_target = target()
+        device = driver.active.get_current_device()
+        key = ("triton", _kernel_name(jit), jit.cache_key, _launch_key(jit, stand_ins, kwargs), the_target)
+        options = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+        label = f"{jit.fn.__name__}[{options}]" if options else jit.fn.__name__
+        _note_listed(_kernel_name(jit), self.op)
+        self.builds.append(Build(self.op, key, _WarmupRun(jit, stand_ins, kwargs, device), label=label))
+
+
+class _WarmupRun:
+    """A build's run: ``JITFunction.warmup`` with the recorded launch's arguments; on a GPU, also load the module."""
+
+    def __init__(self, jit: JITFunction, args: tuple, kwargs: dict, device: int) -> None:
+        self.jit, self.args, self.kwargs, self.device = jit, args, kwargs, device
+
+    def __call__(self) -> Any:
+        if _compile_only():
+            return self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
+        with torch.cuda.device(self.device):
+            kernel = self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
+            kernel._init_handles()  # load the module now, so the first launch pays neither compile nor load
+        return kernel
+
+
+_recording_var: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("buildops_triton", default=None)
+_patch_lock = threading.Lock()
+_patch_users = 0
+_original_jit_run = JITFunction.run
+_original_autotuner_run = Autotuner.run
+
+
+def _recording_jit_run(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+    recording = _recording_var.get()
+    if recording is None:
+        return _original_jit_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+    recording.add(self, args, kwargs)
+    return None
+
+
+def _recording_autotuner_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
+    recording = _recording_var.get()
+    if recording is None:
+        return _original_autotuner_run(self, *args, **kwargs)
+    for config in _configs_to_build(self, args, kwargs):  # every config, no benchmark: each is a build
+        self.fn.run(*args, **kwargs, **config.all_kwargs())
+    return None
+
+
+def _configs_to_build(tuner: Autotuner, args: tuple, kwargs: dict) -> list:
+    """The tuner's configs after its own early pruning (data-independent by contract), without its perf model."""
+    if len(tuner.configs) <= 1 or not tuner.early_config_prune:
+        return list(tuner.configs)
+    try:
+        return list(tuner.early_config_prune(tuner.configs, dict(zip(tuner.arg_names, args)), **kwargs))
+    except Exception:  # pruning that needs real data: build every config, which is never wrong, only more
+        logger.debug("buildops: early_config_prune of %s failed on stand-ins; building every config",
+                     tuner.base_fn.__name__, exc_info=True)
+        return list(tuner.configs)
+
+
+@contextlib.contextmanager
+def recording(op: str) -> Iterator[list[Build]]:
+    """Within the block, Triton launches on this thread become builds (appended to the yielded list) instead of
+    compiles and launches. Other threads launch as usual."""
+    global _patch_users
+    target()  # make sure a driver exists, so the binder can specialize
+    with _patch_lock:
+        if _patch_users == 0:
+            JITFunction.run = _recording_jit_run
+            Autotuner.run = _recording_autotuner_run
+        _patch_users += 1
+    recording_ = _Recording(op)
+    token = _recording_var.set(recording_)
+    try:
+        yield recording_.builds
+    finally:
+        _recording_var.reset(token)
+        with _patch_lock:
+            _patch_users -= 1
+            if _patch_users == 0:
+                JITFunction.run = _original_jit_run
+                Autotuner.run = _original_autotuner_run
+
+
+def triton_builds(op: str, kernel: Any, *args: Any, **kwargs: Any) -> list[Build]:
+    """The builds a launch ``kernel[grid](*args, **kwargs)`` needs, without compiling or launching anything.
+
+    ``kernel`` is a ``@triton.jit`` function, possibly under ``@triton.autotune`` (one build per config left after
+    the tuner's early pruning) and ``@triton.heuristics`` (applied as at launch). Tensor arguments may be real or
+    fake tensors, :class:`~buildops.TensorSpec`, or torch dtypes. Pass the keyword options (``num_warps``, ...)
+    exactly as the real launch does, in the same order: Triton's cache key depends on them.
+    """
+    with recording(op) as builds:
+        kernel.run(*args, grid=(1,), warmup=False, **kwargs)
+    return builds
+
+
+# -- late compiles --------------------------------------------------------------------------------------------
+
+_listed: dict[str, set[str]] = {}
+_listed_lock = threading.Lock()
+
+
+def _note_listed(kernel: str, op: str) -> None:
+    with _listed_lock:
+        _listed.setdefault(kernel, set()).add(op)
+
+
+def _late_compile_hook(previous):
+    def hook(**kwargs: Any) -> Any:
+        result = previous(**kwargs) if previous is not None else None
+        if on_builder_thread() or _recording_var.get() is not None:
+            return result
+        fn, compiled = kwargs["fn"], kwargs.get("compile") or {}
+        name = f"{fn.module}.{fn.name}"
+        variant = (f"signature={compiled.get('signature')} constants={compiled.get('constants')} "
+                   f"num_warps={compiled.get('num_warps')} num_stages={compiled.get('num_stages')}")
+        with _listed_lock:
+            ops = tuple(sorted(_listed.get(name, ())))
+        _late.record(_late.LateCompile("triton", name, variant, ops, _late.caller()), (name, kwargs.get("key")))
+        return result
+    hook.buildops = True
+    return hook
+
+
+def watch_late_compiles() -> None:
+    """Install buildops' ``jit_post_compile_hook`` (keeping any hook already set, which it calls first)."""
+    current = knobs.runtime.jit_post_compile_hook
+    if not getattr(current, "buildops", False):
+        knobs.runtime.jit_post_compile_hook = _late_compile_hook(current)
+
+
+_late.add_watcher(watch_late_compiles)

@@ -1,0 +1,179 @@
+"""Compile-only Triton builds, compiled for real (for sm_90 on a machine without a GPU)."""
+
+import threading
+
+import pytest
+import torch
+import triton
+from triton import knobs
+
+import buildops
+from buildops import LateCompileError, build_pass, late_compiles, report, settings
+from buildops.testing import record_listings
+
+import triton_kernels as K
+from conftest import WAIT
+
+bt = pytest.importorskip("buildops.triton")
+
+
+@pytest.fixture(autouse=True)
+def fresh_triton(tmp_path, monkeypatch):
+    """An empty Triton cache dir, and no kernel already in memory, for each test; counts compiles."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    for kernel in (K.add_kernel, K.rows_kernel, bt._inner_jit(K.scale_kernel)):
+        kernel.device_caches.clear()
+    compiles = []
+    previous = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda **kw: compiles.append(
+        (kw["fn"].name, kw["compile"]["signature"], kw["compile"]["constants"], kw["is_manual_warmup"]))
+    yield compiles
+    knobs.runtime.jit_post_compile_hook = previous
+
+
+def build_all(builds):
+    for build in builds:
+        build.run()
+
+
+def cached(kernel, *args, **kwargs):
+    jit = bt._inner_jit(kernel)
+    stand_ins = tuple(bt._stand_in(a) for a in args)
+    return bt._launch_key(jit, stand_ins, kwargs) in jit.device_caches[0][0]
+
+
+LAUNCHES = [  # (description, args, options): each a distinct specialization of add_kernel
+    ("n == 1 is a constexpr", lambda x: (x, x, x, 1), {"BLOCK": 128}),
+    ("n divisible by 16", lambda x: (x, x, x, 32), {"BLOCK": 128}),
+    ("n not divisible by 16", lambda x: (x, x, x, 17), {"BLOCK": 128}),
+    ("misaligned pointer", lambda x: (x[1:], x, x, 32), {"BLOCK": 128}),
+    ("other constexpr and warps", lambda x: (x, x, x, 32), {"BLOCK": 256, "num_warps": 8}),
+    ("fp16", lambda x: (x.half(), x.half(), x.half(), 32), {"BLOCK": 128}),
+]
+
+
+def test_a_build_compiles_exactly_the_variant_the_launch_looks_up(fresh_triton):
+    x = torch.zeros(64)
+    builds = [b for _, args, options in LAUNCHES for b in bt.triton_builds("add", K.add_kernel, *args(x), **options)]
+    assert len({b.key for b in builds}) == len(LAUNCHES) and fresh_triton == []  # listing compiles nothing
+    build_all(builds)
+    assert len(fresh_triton) == len(LAUNCHES)
+    constants = {c[2].get((3,)) for c in fresh_triton}
+    assert 1 in constants  # n == 1 became a constexpr
+    for description, args, options in LAUNCHES:
+        assert cached(K.add_kernel, *args(x), **options), description
+        K.add_kernel.warmup(*args(x), grid=(1,), **options)  # what a real launch looks up
+    assert len(fresh_triton) == len(LAUNCHES)  # ... and it compiled nothing more
+    with pytest.raises(RuntimeError, match="never loaded or launched"):
+        K.add_kernel[(1,)](x, x, x, 32, BLOCK=128)  # a real launch gets past the cache, to the (absent) GPU
+    assert len(fresh_triton) == len(LAUNCHES)
+    K.add_kernel.warmup(x, x, x, 48, grid=(1,), BLOCK=64)  # control: a variant nobody built does compile
+    assert len(fresh_triton) == len(LAUNCHES) + 1
+
+
+def test_options_order_is_part_of_the_key():
+    x = torch.zeros(64)
+    one = bt.triton_builds("add", K.add_kernel, x, x, x, 32, BLOCK=128, num_warps=4)
+    other = bt.triton_builds("add", K.add_kernel, x, x, x, 32, BLOCK=128)
+    assert one[0].key != other[0].key  # Triton keys the in-memory cache on the options as passed
+
+
+def test_builds_from_specs_and_dtypes_equal_builds_from_tensors():
+    x = torch.zeros(64, dtype=torch.float16)
+    spec = buildops.TensorSpec((64,), torch.float16)
+    from_tensors = bt.triton_builds("add", K.add_kernel, x, x, x, 32, BLOCK=128)
+    from_specs = bt.triton_builds("add", K.add_kernel, spec, spec, spec, 32, BLOCK=128)
+    from_dtypes = bt.triton_builds("add", K.add_kernel, torch.float16, torch.float16, torch.float16, 32, BLOCK=128)
+    assert from_tensors[0].key == from_specs[0].key == from_dtypes[0].key
+
+
+def test_replay_lists_the_kernels_of_each_swept_shape(fresh_triton):
+    with record_listings() as rec:
+        assert torch.equal(K.double_rows(torch.ones(40, 100)), torch.zeros(40, 100))
+    assert [d["x.0"] for d in rec.dims("double_rows")] == [1, 16, 64]
+    labels = [b.label for listing in rec.of("double_rows") for b in listing.builds]
+    assert labels == ["rows_kernel[BLOCK_M=16, BLOCK_N=128]"] * 2 + ["rows_kernel[BLOCK_M=64, BLOCK_N=128]"]
+    keys = rec.keys("double_rows")
+    assert keys[0] != keys[1]  # n_rows == 1 specializes as a constexpr
+    assert fresh_triton == [] and bt.JITFunction.run is bt._original_jit_run  # nothing compiled, nothing left patched
+
+
+def test_after_a_pass_the_op_compiles_nothing(fresh_triton):
+    with build_pass("warmup"):
+        K.double_rows(torch.zeros(40, 100))
+    assert report().total("built") == 3 and len(fresh_triton) == 3
+    for rows in (1, 16, 64):  # the launches the op will make at each swept shape
+        block_m = 16 if rows <= 16 else 64
+        K.rows_kernel.warmup(torch.zeros(rows, 100), torch.zeros(rows, 100), rows, 100, grid=(1,),
+                             BLOCK_M=block_m, BLOCK_N=128)
+    assert len(fresh_triton) == 3 and late_compiles() == []
+
+
+def test_replay_builds_every_autotune_config_left_by_pruning(fresh_triton):
+    with build_pass("warmup"):
+        K.triple(torch.zeros(8))
+    built = sorted((c[2][(3,)], c[2][(4,)]) for c in fresh_triton)  # (BLOCK, EVEN) of each compile
+    # n=64: early pruning keeps BLOCK <= 256; n=1000: every config; EVEN from the heuristic
+    assert built == [(64, False), (64, True), (256, False), (256, False), (1024, False)]
+    tuner = K.scale_kernel
+    for n in (64, 1000):
+        x = torch.zeros(n)
+        for config in bt._configs_to_build(tuner, (x, x, n), {}):  # what autotuning will compile ...
+            tuner.fn.warmup(x, x, n, grid=(1,), **config.all_kwargs())
+    assert len(fresh_triton) == 5  # ... finds every config built
+
+
+def test_replay_of_host_code_that_needs_data_says_what_to_do():
+    with pytest.raises(buildops.SpecError, match=r"replay of data_dependent at \{'x.0': 1\} failed: .*"
+                                                 r"register a lister with @data_dependent.lister, or decorate"):
+        with build_pass("warmup"):
+            K.data_dependent(torch.ones(4))
+
+
+def test_interception_is_only_on_the_replaying_thread(fresh_triton):
+    inside, release = threading.Event(), threading.Event()
+    x = torch.zeros(64)
+
+    def host_code():
+        with bt.recording("op") as builds:
+            K.add_kernel[(1,)](x, x, x, 32, BLOCK=128)
+            inside.set()
+            assert release.wait(WAIT)
+        return builds
+
+    thread_result = {}
+    thread = threading.Thread(target=lambda: thread_result.setdefault("builds", host_code()))
+    thread.start()
+    assert inside.wait(WAIT)
+    K.add_kernel.warmup(x, x, x, 16, grid=(1,), BLOCK=64)  # another thread, while recording: compiles for real
+    release.set()
+    thread.join(WAIT)
+    assert len(thread_result["builds"]) == 1 and len(fresh_triton) == 1
+    assert bt.JITFunction.run is bt._original_jit_run
+
+
+def test_a_late_compile_is_recorded_and_error_mode_raises():
+    x = torch.zeros(64)
+    K.add_kernel.warmup(x, x, x, 16, grid=(1,), BLOCK=32)  # before any pass: not late
+    with build_pass("warmup"):
+        K.double_rows(torch.zeros(4, 8))
+    assert late_compiles() == []
+    K.add_kernel.warmup(x, x, x, 16, grid=(1,), BLOCK=64)
+    [late] = late_compiles()
+    assert late.kernel == "triton_kernels.add_kernel" and late.library == "triton"
+    assert "test_triton.py" in late.where and "(4,): 64" in late.variant
+    with settings.scope(late_compile="error"), pytest.raises(LateCompileError, match="late compile of triton kernel "
+                                                                                   "triton_kernels.add_kernel"):
+        K.add_kernel.warmup(x, x, x, 16, grid=(1,), BLOCK=128)
+    with settings.scope(late_compile="ignore"):
+        K.add_kernel.warmup(x, x, x, 16, grid=(1,), BLOCK=256)
+    assert len(late_compiles()) == 3
+
+
+def test_a_late_compile_names_the_op_that_listed_the_kernel():
+    with build_pass("warmup"):
+        K.double_rows(torch.zeros(4, 8))
+    x = torch.zeros(4, 8)
+    K.rows_kernel.warmup(x, x, 4, 8, grid=(1,), BLOCK_M=32, BLOCK_N=8)  # a variant the op never lists
+    [late] = late_compiles()
+    assert late.ops == ("double_rows",) and "listed by double_rows" in late.describe()
