@@ -349,8 +349,18 @@ def join(timeout: float | None = None, gpu_only: bool = False, op: str | None = 
     return True if builder is None else builder.join(timeout=timeout, gpu_only=gpu_only, op=op)
 
 
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+def add_shutdown_hook(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at :func:`shutdown`, after the workers stopped (a backend stops its own pools there)."""
+    if hook not in _shutdown_hooks:
+        _shutdown_hooks.append(hook)
+
+
 def shutdown(wait: bool = True, timeout: float | None = None) -> None:
-    """Cancel queued builds, stop the workers, and forget the builder (the next build makes a new one)."""
+    """Cancel queued builds, stop the workers and backends' pools, and forget the builder (the next build makes
+    a new one)."""
     global _default
     with _default_lock:
         builder, _default = _default, None
@@ -358,3 +368,5 @@ def shutdown(wait: bool = True, timeout: float | None = None) -> None:
         builder.shutdown(wait=wait, timeout=timeout)
         for op in list(builder.waiting_ops):
             op.forget_pending()
+    for hook in list(_shutdown_hooks):
+        hook()

@@ -99,6 +99,10 @@ _SETTINGS = {
         "BUILDOPS_THREADS", _parse_count, lambda: min(32, cpu_share()),
         "Worker threads of the builder (default: this process's CPU share, at most 32).",
     ),
+    "executor": _Setting(
+        "BUILDOPS_EXECUTOR", _parse_choice("auto", "threads", "processes"), lambda: "auto",
+        "Where Triton builds compile: worker threads, warm worker processes, or auto (processes on many cores).",
+    ),
     "late_compile": _Setting(
         "BUILDOPS_LATE_COMPILE", _parse_choice("warn", "error", "ignore"), lambda: "warn",
         "What a kernel compiled on first use after a pass does: warn (log once), error (raise), ignore.",

@@ -45,7 +45,7 @@ def test_scope_overrides_and_restores(monkeypatch):
     with pytest.raises(ConfigError, match="BUILDOPS_THREADS='0'"):
         with settings.scope(threads=0):
             pass
-    with pytest.raises(ConfigError, match="unknown setting; known: enabled, late_compile, progress_after, threads, triton_target"):
+    with pytest.raises(ConfigError, match="unknown setting; known: enabled, executor, late_compile, progress_after, threads, triton_target"):
         with settings.scope(thread=2):
             pass
     with pytest.raises(AttributeError, match="buildops has no setting 'thread'"):

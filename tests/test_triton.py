@@ -1,6 +1,9 @@
 """Compile-only Triton builds, compiled for real (for sm_90 on a machine without a GPU)."""
 
+import os
+import signal
 import threading
+import time
 
 import pytest
 import torch
@@ -177,3 +180,72 @@ def test_a_late_compile_names_the_op_that_listed_the_kernel():
     K.rows_kernel.warmup(x, x, 4, 8, grid=(1,), BLOCK_M=32, BLOCK_N=8)  # a variant the op never lists
     [late] = late_compiles()
     assert late.ops == ("double_rows",) and "listed by double_rows" in late.describe()
+
+
+# -- worker processes -----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def parent_compiles():
+    """Compiles in this process, each as True (a real compile) or False (loaded from the disk cache)."""
+    events = []
+    previous = knobs.compilation.listener
+    knobs.compilation.listener = lambda *, cache_hit, **_: events.append(not cache_hit)
+    yield events
+    knobs.compilation.listener = previous
+
+
+def test_worker_processes_build_into_the_cache_and_the_parent_compiles_nothing(fresh_triton, parent_compiles):
+    with settings.scope(executor="processes", threads=2), build_pass("warmup"):
+        K.double_rows(torch.zeros(40, 100))
+    assert report().total("built") == 3 and report().total("failed") == 0
+    assert parent_compiles == [False, False, False]  # the parent only loaded what the workers compiled
+    x = torch.zeros(16, 100)
+    K.rows_kernel.warmup(x, x, 16, 100, grid=(1,), BLOCK_M=16, BLOCK_N=128)
+    assert len(fresh_triton) == 3 and parent_compiles == [False] * 3  # and later finds it in memory
+
+
+def test_a_kernel_workers_cannot_import_builds_in_a_thread(tmp_path, parent_compiles):
+    import importlib.util
+    import sys
+    source = tmp_path / "hidden_kernels.py"
+    source.write_text("import triton\nimport triton.language as tl\n\n"
+                      "@triton.jit\ndef copy(x, y, BLOCK: tl.constexpr):\n"
+                      "    tl.store(y + tl.arange(0, BLOCK), tl.load(x + tl.arange(0, BLOCK)))\n")
+    spec = importlib.util.spec_from_file_location("hidden_kernels_for_buildops_test", source)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # importable here by name, but not by a worker: its file is off sys.path
+    spec.loader.exec_module(module)
+    try:
+        x = torch.zeros(64)
+        builds = bt.triton_builds("copy", module.copy, x, x, BLOCK=64)
+        with settings.scope(executor="processes", threads=1):
+            buildops._builder.default_builder().submit(builds[0]).result(WAIT * 6)
+        assert parent_compiles == [True]  # compiled here, in the builder's thread
+    finally:
+        del sys.modules[spec.name]
+
+
+def test_a_worker_killed_mid_build_does_not_hang_the_pass(fresh_triton, caplog):
+    killed = []
+
+    def kill_the_workers_once_they_run():
+        for _ in range(int(WAIT * 6 / 0.05)):
+            pool = bt._processes._pool
+            processes = list(getattr(pool, "_processes", None) or {}) if pool else []
+            if processes:
+                time.sleep(0.3)  # let the first build reach a worker
+                for pid in processes:
+                    os.kill(pid, signal.SIGKILL)
+                killed.extend(processes)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_the_workers_once_they_run)
+    with settings.scope(executor="processes", threads=1):
+        killer.start()
+        with build_pass("warmup"):
+            K.double_rows(torch.zeros(20, 100))
+    killer.join(WAIT)
+    assert killed and "worker crashed" in caplog.text
+    rep = report()
+    assert (rep.total("built"), rep.total("failed"), rep.total("pending")) == (3, 0, 0)  # retried in a new worker

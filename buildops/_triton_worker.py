@@ -1,0 +1,42 @@
+"""What runs inside a Triton build worker process: compile one kernel variant into the shared Triton cache.
+
+Kept apart from ``buildops.triton`` so that a worker imports only this, Triton, and the kernel's own module.
+Workers never initialise a GPU: they compile for the parent's target through a compile-only driver.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from typing import Any
+
+
+def start(backend: str, arch: int, warp_size: int) -> None:
+    """Process initializer: compile for the parent's target, without touching a GPU."""
+    from triton.runtime.driver import driver
+
+    from .triton import CompileOnlyDriver
+
+    compile_only = CompileOnlyDriver(backend, arch)
+    compile_only.target = type(compile_only.target)(backend, arch, warp_size)
+    driver.set_active(compile_only)
+
+
+def resolve(module: str, qualname: str) -> Any:
+    """The object ``module.qualname`` names (the outermost wrapper of a kernel, e.g. an Autotuner)."""
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def compile_variant(module: str, qualname: str, args: tuple, kwargs: dict, cache_dir: str) -> float:
+    """Compile one variant into ``cache_dir``; returns the seconds it took. The parent then loads it from disk."""
+    from .triton import _inner_jit
+
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    jit = _inner_jit(resolve(module, qualname))
+    start_time = time.perf_counter()
+    jit.warmup(*args, grid=(1,), **kwargs)
+    return time.perf_counter() - start_time
