@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import buildops
-from buildops import BuildConfig, DynamicSpec, build_pass, builds_by_running, rehearsal, report
+from buildops import BuildConfig, DynamicSpec, build_pass, builds_by_running, late_compiles, rehearsal, report, settings
 
 from conftest import WAIT
 
@@ -38,17 +38,21 @@ def test_builds_by_running_runs_on_a_worker_stream_and_is_a_gpu_build():
     assert torch.equal(double(x), x * 2)
 
 
-def test_demo_ops_build_then_match_torch():
+def test_demo_ops_after_a_pass_match_torch_with_no_late_compile():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from demo_ops import matmul, rmsnorm, softmax
 
     x = torch.randn(200, 1024, device="cuda", dtype=torch.float16)
     w = torch.randn(1024, device="cuda", dtype=torch.float16)
-    b = torch.randn(1024, 512, device="cuda", dtype=torch.float16)
+    b = torch.randn(1024, 512, device="cuda", dtype=torch.float16) / 32
     with build_pass("warmup"):
         rmsnorm(x, w), softmax(x), matmul(x, b)
     assert report().total("failed") == 0 and report().total("built") > 0
-    ref = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).half()
-    torch.testing.assert_close(rmsnorm(x, w), ref, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(softmax(x), torch.softmax(x.float(), -1).half(), atol=1e-3, rtol=1e-2)
-    torch.testing.assert_close(matmul(x, b), (x.float() @ b.float()).half(), atol=0.5, rtol=2e-2)
+    with settings.scope(late_compile="error"):
+        for rows in (200, 37, 1):  # any token count up to the one the pass saw
+            xs = x[:rows]
+            ref = (xs.float() * torch.rsqrt(xs.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).half()
+            torch.testing.assert_close(rmsnorm(xs, w), ref, atol=2e-2, rtol=2e-2)
+            torch.testing.assert_close(softmax(xs), torch.softmax(xs.float(), -1).half(), atol=1e-3, rtol=1e-2)
+            torch.testing.assert_close(matmul(xs, b), (xs.float() @ b.float()).half(), atol=5e-2, rtol=2e-2)
+    assert late_compiles() == []
