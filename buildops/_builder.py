@@ -19,6 +19,7 @@ import enum
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -289,7 +290,25 @@ class Builder:
                     thread.join(timeout)
 
 
+class _LoggedProgress:
+    """Progress as a log line every few seconds, where no terminal shows a bar (a server's log, CI)."""
+
+    def __init__(self, what: str, total: int, done: int, every: float = 5.0) -> None:
+        self.what, self.total, self.n, self.every = what, total, done, every
+        self._next = time.monotonic() + every
+
+    def refresh(self) -> None:
+        if time.monotonic() >= self._next:
+            self._next = time.monotonic() + self.every
+            logger.info("buildops: waiting for %s: %d of %d done", self.what, self.n, self.total)
+
+    def close(self) -> None:
+        pass
+
+
 def _progress_bar(what: str, total: int, done: int):
+    if not sys.stderr.isatty():
+        return _LoggedProgress(what, total, done)
     from tqdm.auto import tqdm  # only long waits pay for it
 
     return tqdm(total=total, initial=done, desc=f"buildops: waiting for {what}", unit="build", leave=False)

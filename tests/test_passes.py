@@ -1,3 +1,5 @@
+import logging
+import sys
 import threading
 import time
 
@@ -163,11 +165,21 @@ def test_a_cancelled_key_can_be_queued_again(runs):
     assert runs.count(("op", 3)) == 1
 
 
-def test_join_shows_progress_when_it_waits_long(runs, capsys):
+def test_join_shows_a_bar_on_a_terminal_when_it_waits_long(runs, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     op = op_listing(runs, seconds=0.5)
     with settings.scope(progress_after=0.1), build_pass("warmup"):
         op(torch.empty(4, 3))
     assert "buildops: waiting for builds of pass 'warmup'" in capsys.readouterr().err
+
+
+def test_join_logs_progress_elsewhere(runs, caplog, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    monkeypatch.setattr("buildops._builder._LoggedProgress.__init__.__defaults__", (0.1,))
+    op = op_listing(runs, seconds=0.6)
+    with caplog.at_level(logging.INFO, logger="buildops"), settings.scope(progress_after=0.1), build_pass("warmup"):
+        op(torch.empty(4, 3))
+    assert "buildops: waiting for builds of pass 'warmup': 0 of 1 done" in caplog.text
 
 
 def test_a_pass_needs_a_name():

@@ -1,0 +1,117 @@
+"""Compile-only build throughput: the same Triton kernel variants built four ways in one run.
+
+    python benchmarks/build_throughput.py [--workers N]
+
+1. serial: one ``JITFunction.warmup`` after another, on the main thread;
+2. threads: a plain thread pool of N calling warmup (what a thread-only builder does);
+3. processes: a warm pool of N spawned processes, each compiling into the shared Triton cache;
+4. buildops: ``buildops.triton.triton_builds`` submitted to the builder with its default executor (auto), its
+   worker processes already started (as they are once a pass's first build started them), then joined; this
+   includes loading every kernel into the parent, as a real pass does.
+
+Every way starts from an empty Triton cache dir and empty in-memory caches. The ideal is the serial compile time
+divided by the number of CPUs. Without a GPU the kernels are compiled for sm_90.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+TILES = [(m, n, k) for m in (16, 32, 64, 128) for n in (32, 64, 128) for k in (32, 64)]
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+def variants():
+    """48 distinct (args, options) launches of matmul_kernel."""
+    return [((dtype, dtype, dtype, 512, 512, 512), {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k})
+            for dtype in DTYPES for m, n, k in TILES]
+
+
+def fresh_caches() -> None:
+    from throughput_kernels import matmul_kernel
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="buildops-throughput-")
+    matmul_kernel.device_caches.clear()
+
+
+def warmup(args, options) -> None:
+    from throughput_kernels import matmul_kernel
+    matmul_kernel.warmup(*args, grid=(1,), **options)
+
+
+def process_compile(args, options, cache_dir) -> None:
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    warmup(args, options)
+
+
+def timed(fn) -> float:
+    fresh_caches()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    from buildops._config import cpu_share
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=min(32, cpu_share()))
+    args = parser.parse_args()
+    workers = args.workers
+    launches = variants()
+
+    import buildops
+    from buildops._triton_worker import start
+    from buildops.triton import target
+
+    t = target()  # a compile-only driver when there is no GPU
+    fresh_caches()
+    warmup(*launches[0])  # pay Triton's one-time per-process costs (hashing its install) outside the timings
+
+    serial = timed(lambda: [warmup(a, o) for a, o in launches])
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        threads = timed(lambda: list(pool.map(lambda v: warmup(*v), launches)))
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=start, initargs=(t.backend, t.arch, t.warp_size)) as pool:
+        list(pool.map(time.sleep, [0.5] * workers))  # warm: every worker started and imported
+        processes = timed(lambda: list(pool.map(process_compile, *zip(*launches),
+                                                [os.environ["TRITON_CACHE_DIR"]] * len(launches))))
+
+    from throughput_kernels import matmul_kernel
+
+    from buildops.triton import _processes, _use_processes, triton_builds
+    with buildops.settings.scope(threads=workers, progress_after=3600):
+        if _use_processes():  # start buildops' own workers first, as a pass's first build would have
+            list(_processes.get().map(time.sleep, [0.5] * workers))
+        builder = buildops._builder.default_builder()
+
+        def through_buildops():
+            for a, o in launches:
+                for build in triton_builds("bench", matmul_kernel, *a, **o):
+                    builder.submit(build)
+            assert buildops.join() and buildops.report().total("failed") == 0
+        default = timed(through_buildops)
+        executor = "processes" if _use_processes() else "threads"
+    buildops.shutdown()
+
+    ideal = serial / cpu_share()
+    print(f"# {len(launches)} variants, {workers} workers, {cpu_share()} CPUs, target {t.backend}:{t.arch}, "
+          f"triton {__import__('triton').__version__}, torch {torch.__version__}")
+    print(f"{'way':<24}{'wall s':>8}{'x serial':>10}{'ideal/wall':>12}")
+    for name, seconds in (("serial", serial), (f"threads ({workers})", threads),
+                          (f"processes ({workers}, warm)", processes), (f"buildops ({executor})", default)):
+        print(f"{name:<24}{seconds:>8.2f}{serial / seconds:>10.2f}{ideal / seconds:>12.2f}")
+    print(f"buildops / threads: {threads / default:.2f}x; ideal {ideal:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
