@@ -82,16 +82,18 @@ def main() -> None:
         threads = timed(lambda: list(pool.map(lambda v: warmup(*v), launches)))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                                 initializer=start, initargs=(t.backend, t.arch, t.warp_size)) as pool:
-        list(pool.map(time.sleep, [0.5] * workers))  # warm: every worker started and imported
+        list(pool.map(time.sleep, [0.5] * workers))  # warm: every worker started and warmed by its initializer
         processes = timed(lambda: list(pool.map(process_compile, *zip(*launches),
                                                 [os.environ["TRITON_CACHE_DIR"]] * len(launches))))
 
     from throughput_kernels import matmul_kernel
 
-    from buildops.triton import _processes, _use_processes, triton_builds
+    from buildops.triton import _executor, _processes, triton_builds
     with buildops.settings.scope(threads=workers, progress_after=3600):
-        if _use_processes():  # start buildops' own workers first, as a pass's first build would have
-            list(_processes.get().map(time.sleep, [0.5] * workers))
+        executor = _executor()
+        if executor != "threads":  # buildops' own workers, started and warm, as a long pass would have them
+            while not _processes.warm():
+                time.sleep(0.05)
         builder = buildops._builder.default_builder()
 
         def through_buildops():
@@ -100,7 +102,6 @@ def main() -> None:
                     builder.submit(build)
             assert buildops.join() and buildops.report().total("failed") == 0
         default = timed(through_buildops)
-        executor = "processes" if _use_processes() else "threads"
     buildops.shutdown()
 
     ideal = serial / cpu_share()

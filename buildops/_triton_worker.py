@@ -13,7 +13,10 @@ from typing import Any
 
 
 def start(backend: str, arch: int, warp_size: int) -> None:
-    """Process initializer: compile for the parent's target, without touching a GPU."""
+    """Process initializer: compile for the parent's target without touching a GPU, and pay every one-time cost
+    of a first compile (hashing Triton's install, loading LLVM, asking ptxas its version) before any build."""
+    import tempfile
+
     from triton.runtime.driver import driver
 
     from .triton import CompileOnlyDriver
@@ -21,6 +24,29 @@ def start(backend: str, arch: int, warp_size: int) -> None:
     compile_only = CompileOnlyDriver(backend, arch)
     compile_only.target = type(compile_only.target)(backend, arch, warp_size)
     driver.set_active(compile_only)
+    with tempfile.TemporaryDirectory(prefix="buildops-worker-") as scratch:
+        os.environ["TRITON_CACHE_DIR"] = scratch  # a real compile, not a cache hit: that is what warms
+        _warm_kernel().warmup(torch_dtype("float32"), grid=(1,), BLOCK=16)
+
+
+def ready() -> int:
+    """A no-op task: done once a worker has started and warmed."""
+    return os.getpid()
+
+
+def torch_dtype(name: str):
+    import torch
+    return getattr(torch, name)
+
+
+def _warm_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _buildops_warm(x_ptr, BLOCK: tl.constexpr):
+        tl.store(x_ptr + tl.arange(0, BLOCK), tl.arange(0, BLOCK).to(tl.float32))
+    return _buildops_warm
 
 
 def resolve(module: str, qualname: str) -> Any:

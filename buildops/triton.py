@@ -217,9 +217,12 @@ class _WarmupRun:
         self.jit, self.args, self.kwargs, self.device = jit, args, kwargs, device
 
     def __call__(self) -> Any:
-        if _use_processes():
+        executor = _executor()
+        if executor != "threads":
             reference = _picklable_reference(self.jit, self.args, self.kwargs)
-            if reference is not None:
+            # "auto" uses the processes once they are warm, and this thread until then: a short pass must
+            # not wait seconds for workers to start
+            if reference is not None and (executor == "processes" or _processes.warm()):
                 _compile_in_process(reference, self.args, self.kwargs)
         if _compile_only():
             return self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
@@ -237,12 +240,14 @@ class _WarmupRun:
 AUTO_PROCESSES_FROM_CPUS = 8
 
 
-def _use_processes() -> bool:
+def _executor() -> str:
+    """``threads``, ``processes``, or ``auto`` (processes when warm) where cores are many enough."""
     executor = settings.executor
     if executor == "auto":
         from ._config import cpu_share
-        return cpu_share() >= AUTO_PROCESSES_FROM_CPUS
-    return executor == "processes"
+        if cpu_share() < AUTO_PROCESSES_FROM_CPUS:
+            return "threads"
+    return executor
 
 
 def _picklable_reference(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[str, str] | None:
@@ -266,9 +271,11 @@ class _ProcessPool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._starting: list[concurrent.futures.Future] = []
         self._fork_hook = False
 
     def get(self) -> concurrent.futures.ProcessPoolExecutor:
+        """The pool, started (not necessarily warm yet) if it was not."""
         with self._lock:
             if self._pool is None:
                 if not self._fork_hook:
@@ -276,28 +283,36 @@ class _ProcessPool:
                     add_shutdown_hook(self.shutdown)
                     self._fork_hook = True
                 the_target = target()
+                workers = settings.threads
                 # spawn, not fork: the parent has threads (and maybe a CUDA context) that a fork would corrupt
                 self._pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=settings.threads, mp_context=multiprocessing.get_context("spawn"),
+                    max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                     initializer=_triton_worker.start,
                     initargs=(the_target.backend, the_target.arch, the_target.warp_size))
+                # one task per worker makes the pool start them all now; each warms up before its first task
+                self._starting = [self._pool.submit(_triton_worker.ready) for _ in range(workers)]
             return self._pool
+
+    def warm(self) -> bool:
+        """True once the workers have started and warmed; starts them if nobody did yet."""
+        self.get()
+        return all(f.done() for f in self._starting)
 
     def replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
         with self._lock:
             if self._pool is broken:
-                self._pool = None
+                self._pool, self._starting = None, []
         broken.shutdown(wait=False, cancel_futures=True)
 
     def shutdown(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
+            pool, self._pool, self._starting = self._pool, None, []
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _forget(self) -> None:
         self._lock = threading.Lock()
-        self._pool = None  # the parent's workers; the child starts its own when it needs them
+        self._pool, self._starting = None, []  # the parent's workers; the child starts its own when needed
 
 
 _processes = _ProcessPool()

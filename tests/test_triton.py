@@ -67,9 +67,10 @@ def test_a_build_compiles_exactly_the_variant_the_launch_looks_up(fresh_triton):
         assert cached(K.add_kernel, *args(x), **options), description
         K.add_kernel.warmup(*args(x), grid=(1,), **options)  # what a real launch looks up
     assert len(fresh_triton) == len(LAUNCHES)  # ... and it compiled nothing more
-    with pytest.raises(RuntimeError, match="never loaded or launched"):
-        K.add_kernel[(1,)](x, x, x, 32, BLOCK=128)  # a real launch gets past the cache, to the (absent) GPU
-    assert len(fresh_triton) == len(LAUNCHES)
+    if bt._compile_only():
+        with pytest.raises(RuntimeError, match="never loaded or launched"):
+            K.add_kernel[(1,)](x, x, x, 32, BLOCK=128)  # a real launch gets past the cache, to the (absent) GPU
+        assert len(fresh_triton) == len(LAUNCHES)
     K.add_kernel.warmup(x, x, x, 48, grid=(1,), BLOCK=64)  # control: a variant nobody built does compile
     assert len(fresh_triton) == len(LAUNCHES) + 1
 
