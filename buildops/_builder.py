@@ -51,6 +51,7 @@ class Build:
     run: Callable[[], Any]
     uses_gpu: bool = False
     label: str = ""
+    library: str = ""  # "triton", "flashinfer", ...: what the report counts its coverage by
 
     def describe(self) -> str:
         return self.label or repr(self.key)

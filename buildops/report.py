@@ -1,10 +1,12 @@
-"""What the builder did, per op: listed, built, failed, cancelled, seconds spent building and waiting."""
+"""What the builder did, per op (listed, built, failed, cancelled, seconds spent building and waiting), and what
+compiled late anyway: per library, how many kernels were prebuilt against how many compiled on first use."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._builder import BuildState, current_builder
+from ._late import LateCompile, late_compiles
 
 __all__ = ["OpReport", "Report", "report"]
 
@@ -26,6 +28,14 @@ class OpReport:
 class Report:
     ops: tuple[OpReport, ...]
     failures: tuple[tuple[str, str, str], ...]  # (op, build, error)
+    prebuilt: dict[str, int] = field(default_factory=dict)  # per library ("triton", ...): builds built
+    late: tuple[LateCompile, ...] = ()
+
+    def coverage(self) -> dict[str, tuple[int, int]]:
+        """Per library: (kernels prebuilt, kernels compiled late)."""
+        libraries = set(self.prebuilt) | {late.library for late in self.late}
+        return {lib: (self.prebuilt.get(lib, 0), sum(late.library == lib for late in self.late))
+                for lib in sorted(libraries)}
 
     def total(self, field: str) -> float:
         return sum(getattr(op, field) for op in self.ops)
@@ -45,23 +55,29 @@ class Report:
 
         out = [line(head), line(["-" * w for w in widths]), *map(line, rows[:-1]), line(rows[-1])]
         out += [f"failed: {op}: {build}: {error}" for op, build, error in self.failures]
+        out += [f"{lib}: {built} kernel(s) prebuilt, {late} compiled late"
+                for lib, (built, late) in self.coverage().items()]
+        out += [late.describe() for late in self.late]
         return "\n".join(out)
 
 
 def report() -> Report:
     """A snapshot of the process's builder (empty if no build was ever submitted)."""
     builder = current_builder()
+    late = tuple(late_compiles())
     if builder is None:
-        return Report((), ())
+        return Report((), (), {}, late)
     stats = builder.stats()
-    history = builder.history()
     pending: dict[str, int] = {}
+    prebuilt: dict[str, int] = {}
     failures = []
-    for build, state, _seconds, error in history:
+    for build, state, _seconds, error in builder.history():
         if state in (BuildState.QUEUED, BuildState.BUILDING):
             pending[build.op] = pending.get(build.op, 0) + 1
         elif state is BuildState.FAILED:
             failures.append((build.op, build.describe(), f"{type(error).__name__}: {error}"))
+        elif state is BuildState.BUILT and build.library:
+            prebuilt[build.library] = prebuilt.get(build.library, 0) + 1
     ops = tuple(OpReport(op, s.listed, s.shared, s.built, s.failed, s.cancelled, pending.get(op, 0),
                          s.build_seconds, s.wait_seconds) for op, s in sorted(stats.items()))
-    return Report(ops, tuple(failures))
+    return Report(ops, tuple(failures), prebuilt, late)

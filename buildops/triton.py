@@ -203,7 +203,8 @@ class _Recording:
         options = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         label = f"{jit.fn.__name__}[{options}]" if options else jit.fn.__name__
         _note_listed(_kernel_name(jit), self.op)
-        self.builds.append(Build(self.op, key, _WarmupRun(jit, stand_ins, kwargs, device), label=label))
+        self.builds.append(Build(self.op, key, _WarmupRun(jit, stand_ins, kwargs, device), label=label,
+                                 library="triton"))
 
 
 class _WarmupRun:

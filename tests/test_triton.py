@@ -23,6 +23,7 @@ bt = pytest.importorskip("buildops.triton")
 @pytest.fixture(autouse=True)
 def fresh_triton(tmp_path, monkeypatch):
     """An empty Triton cache dir, and no kernel already in memory, for each test; counts compiles."""
+    bt.target()  # without a GPU: the compile-only driver, so that plain warmups work here too
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     for kernel in (K.add_kernel, K.rows_kernel, bt._inner_jit(K.scale_kernel)):
         kernel.device_caches.clear()
@@ -172,6 +173,9 @@ def test_a_late_compile_is_recorded_and_error_mode_raises():
     with settings.scope(late_compile="ignore"):
         K.add_kernel.warmup(x, x, x, 16, grid=(1,), BLOCK=256)
     assert len(late_compiles()) == 3
+    rep = report()
+    assert rep.coverage() == {"triton": (3, 3)}  # double_rows' three variants, and three late
+    assert "triton: 3 kernel(s) prebuilt, 3 compiled late" in rep.format()
 
 
 def test_a_late_compile_names_the_op_that_listed_the_kernel():
