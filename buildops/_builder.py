@@ -268,6 +268,12 @@ class Builder:
             return self._busy
 
     @property
+    def queued(self) -> int:
+        """How many builds wait for a worker now."""
+        with self._lock:
+            return sum(r.state is BuildState.QUEUED for r in self._records.values())
+
+    @property
     def workers(self) -> int:
         with self._lock:
             return len(self._workers)

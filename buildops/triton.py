@@ -40,7 +40,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction, compute_cache_key
 
 from . import _late, _triton_worker
-from ._builder import Build, add_shutdown_hook, on_builder_thread
+from ._builder import Build, add_shutdown_hook, current_builder, on_builder_thread
 from ._config import settings
 from ._specs import TensorSpec
 
@@ -221,9 +221,7 @@ class _WarmupRun:
         executor = _executor()
         if executor != "threads":
             reference = _picklable_reference(self.jit, self.args, self.kwargs)
-            # "auto" uses the processes once they are warm, and this thread until then: a short pass must
-            # not wait seconds for workers to start
-            if reference is not None and (executor == "processes" or _processes.warm()):
+            if reference is not None and (executor == "processes" or _auto_uses_processes()):
                 _compile_in_process(reference, self.args, self.kwargs)
         if _compile_only():
             return self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
@@ -245,6 +243,18 @@ _load_lock = threading.Lock()
 # Measured on a 16-core H200 host, 48 variants: 16 threads 5.8x serial, 16 warm processes 10.2x. On a few cores
 # the cost of starting processes is not won back.
 AUTO_PROCESSES_FROM_CPUS = 8
+# ... and only once this many builds per worker wait: a worker takes ~3 s of CPU to start (imports, a first
+# compile), about what 10-20 Triton compiles cost, so a short pass is faster on threads alone.
+AUTO_PROCESSES_FROM_QUEUED = 4
+
+
+def _auto_uses_processes() -> bool:
+    """``auto``: processes once they are warm, this thread until then. Warming costs each worker seconds of CPU
+    (importing torch and Triton), so it starts only when enough builds wait to win that back."""
+    if _processes.started or (current_builder() is not None
+                              and current_builder().queued >= AUTO_PROCESSES_FROM_QUEUED * settings.threads):
+        return _processes.warm()
+    return False
 
 
 def _executor() -> str:
@@ -304,6 +314,10 @@ class _ProcessPool:
         """True once the workers have started and warmed; starts them if nobody did yet."""
         self.get()
         return all(f.done() for f in self._starting)
+
+    @property
+    def started(self) -> bool:
+        return self._pool is not None
 
     def replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
         with self._lock:

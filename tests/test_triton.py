@@ -254,3 +254,20 @@ def test_a_worker_killed_mid_build_does_not_hang_the_pass(fresh_triton, caplog):
     assert killed and "worker crashed" in caplog.text
     rep = report()
     assert (rep.total("built"), rep.total("failed"), rep.total("pending")) == (3, 0, 0)  # retried in a new worker
+
+
+def test_auto_starts_workers_only_when_enough_builds_wait(monkeypatch, runs):
+    monkeypatch.setattr(bt, "AUTO_PROCESSES_FROM_CPUS", 1)  # as on a machine with many cores
+    with settings.scope(executor="auto", threads=1):
+        with build_pass("short"):
+            K.double_rows(torch.zeros(4, 8))  # three builds: not worth starting workers
+        assert not bt._processes.started
+        gate = threading.Event()
+        builder = buildops._builder.default_builder()
+        builder.submit(runs.build("hold", "hold", gate=gate))  # keep the only worker busy while the queue fills
+        x = torch.zeros(64)
+        for block in (16, 32, 64, 128, 256):
+            builder.submit(bt.triton_builds("add", K.add_kernel, x, x, x, 48, BLOCK=block)[0])
+        gate.set()
+        assert buildops.join(timeout=WAIT)
+        assert bt._processes.started and report().total("failed") == 0
