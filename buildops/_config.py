@@ -42,6 +42,13 @@ def _parse_count(name: str, raw: str) -> int:
     return value
 
 
+def _parse_megabytes(name: str, raw: str) -> int:
+    value = raw.strip()
+    if not value.isdigit():
+        raise ConfigError(f"{name}={raw!r}: expected a whole number of MiB >= 0")
+    return int(value)
+
+
 def _parse_seconds(name: str, raw: str) -> float:
     try:
         value = float(raw.strip())
@@ -102,6 +109,14 @@ _SETTINGS = {
     "executor": _Setting(
         "BUILDOPS_EXECUTOR", _parse_choice("auto", "threads", "processes"), lambda: "auto",
         "Where Triton builds compile: worker threads, warm worker processes, or auto (processes on many cores).",
+    ),
+    "gpu_reserve_mb": _Setting(
+        "BUILDOPS_GPU_RESERVE_MB", _parse_megabytes, lambda: 1024,
+        "GPU memory (MiB) that builds' dummy operands always leave free.",
+    ),
+    "deep_gemm_m": _Setting(
+        "BUILDOPS_DEEP_GEMM_M", _parse_choice("relaxed", "full", "off"), lambda: "relaxed",
+        "Which M values DeepGEMM builds run: relaxed (representative), full (every M up to the max), off.",
     ),
     "late_compile": _Setting(
         "BUILDOPS_LATE_COMPILE", _parse_choice("warn", "error", "ignore"), lambda: "warn",

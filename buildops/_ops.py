@@ -26,6 +26,7 @@ import wrapt
 
 from ._builder import Build, current_builder
 from ._config import settings
+from ._gpu import worker_stream
 from ._passes import BuildPass, _current
 from ._replay import replay
 from ._specs import BuildConfig, DynamicSpec, SpecError, TensorSpec, call_signature
@@ -220,20 +221,6 @@ def _fit(tensor: torch.Tensor, dims: Mapping[int, int]) -> torch.Tensor:
     return out.clone(memory_format=torch.contiguous_format) if tensor.is_contiguous() else out.clone()
 
 
-_streams = threading.local()
-
-
-def _worker_stream(device: torch.device) -> torch.cuda.Stream:
-    """This worker thread's own CUDA stream on ``device``, so builds never queue behind the user's stream."""
-    cache = getattr(_streams, "by_device", None)
-    if cache is None:
-        cache = _streams.by_device = {}
-    stream = cache.get(device)
-    if stream is None:
-        stream = cache[device] = torch.cuda.Stream(device=device)
-    return stream
-
-
 def _fitted(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]]) -> inspect.BoundArguments:
     """The call's arguments with swept tensors cut or tiled and swept ints replaced, for one swept shape."""
     call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
@@ -249,7 +236,7 @@ def _run_at(fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Ma
         call = _fitted(bound, shapes)
         fn(*call.args, **call.kwargs)
         return
-    stream = _worker_stream(device)
+    stream = worker_stream(device)
     stream.wait_stream(torch.cuda.default_stream(device))  # the dummy inputs were written on the caller's side
     with torch.cuda.device(device), torch.cuda.stream(stream):
         call = _fitted(bound, shapes)

@@ -9,6 +9,11 @@ from buildops import BuildConfig, ConfigError, DynamicSpec, build_pass, lists_ke
     ("BUILDOPS_THREADS", "0", "threads", "BUILDOPS_THREADS='0': expected a whole number >= 1"),
     ("BUILDOPS", "maybe", "enabled", "BUILDOPS='maybe': expected 1 or 0"),
     ("BUILDOPS_PROGRESS_AFTER", "-1", "progress_after", "BUILDOPS_PROGRESS_AFTER='-1': expected a number of seconds"),
+    ("BUILDOPS_EXECUTOR", "gpu", "executor", "BUILDOPS_EXECUTOR='gpu': expected one of auto, threads, processes"),
+    ("BUILDOPS_LATE_COMPILE", "raise", "late_compile", "BUILDOPS_LATE_COMPILE='raise': expected one of warn, error"),
+    ("BUILDOPS_TRITON_TARGET", "sm90", "triton_target", "BUILDOPS_TRITON_TARGET='sm90': expected BACKEND:ARCH"),
+    ("BUILDOPS_GPU_RESERVE_MB", "1G", "gpu_reserve_mb", "BUILDOPS_GPU_RESERVE_MB='1G': expected a whole number of MiB"),
+    ("BUILDOPS_DEEP_GEMM_M", "all", "deep_gemm_m", "BUILDOPS_DEEP_GEMM_M='all': expected one of relaxed, full, off"),
 ])
 def test_bad_settings_name_the_variable(monkeypatch, variable, value, attribute, message):
     monkeypatch.setenv(variable, value)
@@ -45,7 +50,7 @@ def test_scope_overrides_and_restores(monkeypatch):
     with pytest.raises(ConfigError, match="BUILDOPS_THREADS='0'"):
         with settings.scope(threads=0):
             pass
-    with pytest.raises(ConfigError, match="unknown setting; known: enabled, executor, late_compile, progress_after, threads, triton_target"):
+    with pytest.raises(ConfigError, match="unknown setting; known: deep_gemm_m, enabled, executor, gpu_reserve_mb, late_compile, progress_after, threads, triton_target"):
         with settings.scope(thread=2):
             pass
     with pytest.raises(AttributeError, match="buildops has no setting 'thread'"):
