@@ -7,6 +7,7 @@ queues compile-only builds for every swept shape on the process's builder. See `
 
 from ._builder import Build, BuildState, join, shutdown
 from ._config import ConfigError, settings
+from ._families import OpFamily, model_created, register_family, unregister_family
 from ._late import LateCompile, LateCompileError, late_compiles
 from ._ops import builds_by_running, lists_kernels
 from ._passes import build_pass, rehearsal
@@ -21,6 +22,7 @@ __all__ = [
     "DynamicSpec",
     "LateCompile",
     "LateCompileError",
+    "OpFamily",
     "SpecError",
     "TensorSpec",
     "build_pass",
@@ -28,8 +30,11 @@ __all__ = [
     "join",
     "late_compiles",
     "lists_kernels",
+    "model_created",
+    "register_family",
     "rehearsal",
     "report",
     "settings",
     "shutdown",
+    "unregister_family",
 ]

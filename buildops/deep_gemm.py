@@ -1,0 +1,274 @@
+"""DeepGEMM builds by running: its kernels compile the first time they run a shape, so a build runs them.
+
+DeepGEMM has no compile-only API. A build here runs one GEMM entry point (``fp8_gemm_nt`` for dense layers,
+``m_grouped_fp8_gemm_nt_contiguous`` / ``m_grouped_fp8_gemm_nt_masked`` for MoE experts) on dummy operands for
+one weight shape at every M of a sweep, so that every kernel the layer will need is compiled into DeepGEMM's own
+cache before serving. Dummy operands are admitted by the GPU memory gate (``BUILDOPS_GPU_RESERVE_MB``) and the
+runs go on a worker stream.
+
+Why worker processes: DeepGEMM's binding holds the GIL while it compiles, so a build on a thread stops every other
+Python thread of the process for the whole compile (``benchmarks/gil_starvation.py`` measures it: a checkpoint
+load in the main thread stalls for as long as the build). Builds therefore run in spawned worker processes, each
+with its own CUDA context, which fill DeepGEMM's disk cache; the process's own first call then loads the kernel
+from there. ``BUILDOPS_EXECUTOR=threads`` keeps them on the builder's threads instead.
+
+Imported on demand; ``deep_gemm`` itself is imported only when a build runs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import concurrent.futures.process
+import importlib
+import math
+import multiprocessing
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ._builder import Build, add_shutdown_hook
+from ._config import settings
+from ._gpu import run_admitted
+
+__all__ = ["DeepGemmFamily", "GemmShape", "deep_gemm_builds", "find_gemm_shapes", "m_values"]
+
+KINDS = {
+    "dense": "fp8_gemm_nt",
+    "contiguous": "m_grouped_fp8_gemm_nt_contiguous",
+    "masked": "m_grouped_fp8_gemm_nt_masked",
+}
+_BLOCK = 128        # DeepGEMM's scaling block along N and K
+_ALIGN_M = 128      # row alignment of each expert's block in the contiguous layout
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """One weight shape a model runs through DeepGEMM: ``(N, K)`` dense, or ``(E, N, K)`` for a grouped kind."""
+
+    kind: str
+    n: int
+    k: int
+    experts: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"GemmShape kind {self.kind!r}: expected one of {sorted(KINDS)}")
+        for name in ("n", "k", "experts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GemmShape({self.kind!r}) {name}={value!r}: expected an int >= 1")
+        if self.kind == "dense" and self.experts != 1:
+            raise ValueError("GemmShape('dense') has no experts")
+
+    def operand_bytes(self, m: int) -> int:
+        """Bytes of the dummy operands for ``m`` rows (tokens; per expert for ``masked``)."""
+        kb, nb = math.ceil(self.k / _BLOCK), math.ceil(self.n / _BLOCK)
+        rows = _rows(self, m)
+        a = rows * self.k + rows * kb * 4                      # fp8 activations and their fp32 scales
+        b = self.experts * (self.n * self.k + nb * kb * 4)     # fp8 weights and their fp32 scales
+        d = rows * self.n * 2                                  # bf16 output
+        return a + b + d + rows * 4
+
+
+def _rows(shape: GemmShape, m: int) -> int:
+    if shape.kind == "masked":
+        return shape.experts * m
+    if shape.kind == "contiguous":
+        return math.ceil(m / _ALIGN_M) * _ALIGN_M
+    return m
+
+
+def m_values(max_tokens: int, n: int, mode: str | None = None, sms: int = 132) -> tuple[int, ...]:
+    """The M values to build for a layer of width ``n``, up to ``max_tokens``.
+
+    ``full``: every M. ``relaxed``: the small Ms (1, 2, 4, then multiples of 8 up to 64), the multiples of
+    DeepGEMM's block heights (64, 128, 256), the Ms at which a tiling by those heights and by block widths of 16 to
+    256 fills whole waves of the GPU's ``sms`` multiprocessors, and ``max_tokens``: where DeepGEMM's heuristics may
+    pick another kernel. ``off``: none.
+    """
+    mode = mode or settings.deep_gemm_m
+    if mode == "off" or max_tokens < 1:
+        return ()
+    if mode == "full":
+        return tuple(range(1, max_tokens + 1))
+    values = {1, 2, 4, *range(8, 65, 8), max_tokens}
+    for block_m in (64, 128, 256):
+        values.update(range(block_m, max_tokens + 1, block_m))
+        for block_n in range(16, min(256, n) + 1, 16):
+            for waves in range(1, 11):
+                values.add(waves * sms * block_m // math.ceil(n / block_n))
+    return tuple(sorted(v for v in values if 1 <= v <= max_tokens))
+
+
+def find_gemm_shapes(model: nn.Module, grouped: Sequence[str] = ("contiguous",)) -> list[GemmShape]:
+    """The DeepGEMM shapes of a model's FP8 weights: 2-D ones as dense ``(N, K)``, 3-D ones as ``(E, N, K)`` of
+    each ``grouped`` kind (how the model's MoE layers call DeepGEMM). Deduplicated, in the model's order."""
+    shapes: dict[GemmShape, None] = {}
+    for parameter in model.parameters():
+        if parameter.dtype != torch.float8_e4m3fn:
+            continue
+        if parameter.dim() == 2:
+            shapes[GemmShape("dense", *parameter.shape)] = None
+        elif parameter.dim() == 3:
+            for kind in grouped:
+                shapes[GemmShape(kind, parameter.shape[1], parameter.shape[2], parameter.shape[0])] = None
+    return list(shapes)
+
+
+def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = "deep_gemm",
+                     device: torch.device | str | None = None, mode: str | None = None,
+                     module: str = "deep_gemm") -> list[Build]:
+    """One build per distinct shape and M set: the shape's DeepGEMM entry point run at every M of the sweep.
+
+    ``module`` names the module that provides DeepGEMM's API (tests pass a fake with the same signatures).
+    """
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    builds: dict[tuple, Build] = {}
+    for shape in shapes:
+        ms = m_values(max_tokens, shape.n, mode, sms)
+        if not ms:
+            continue
+        key = ("deep_gemm", module, shape, ms, str(device))
+        label = f"{KINDS[shape.kind]} E={shape.experts} N={shape.n} K={shape.k} x {len(ms)} M"
+        builds[key] = Build(op, key, _GemmRun(module, shape, ms, str(device)), uses_gpu=device.type == "cuda",
+                            label=label, library="deep_gemm")
+    return list(builds.values())
+
+
+class DeepGemmFamily:
+    """An op family (see :func:`buildops.model_created`) for models with FP8 weights: DeepGEMM builds of every
+    weight shape, for M up to ``max_tokens(config)``; the shapes come from the parameters' shapes, so the builds
+    can start before the weights are loaded."""
+
+    name = "deep_gemm"
+
+    def __init__(self, max_tokens, grouped: Sequence[str] = ("contiguous",), module: str = "deep_gemm") -> None:
+        self.max_tokens, self.grouped, self.module = max_tokens, tuple(grouped), module
+
+    def recognizes(self, model, config) -> bool:
+        return isinstance(model, nn.Module) and bool(find_gemm_shapes(model, self.grouped))
+
+    def builds(self, model, config) -> list[Build]:
+        device = next((p.device for p in model.parameters() if p.dtype == torch.float8_e4m3fn), None)
+        return deep_gemm_builds(find_gemm_shapes(model, self.grouped), self.max_tokens(config), op=self.name,
+                                device=device, module=self.module)
+
+
+@dataclass(frozen=True)
+class _GemmRun:
+    module: str
+    shape: GemmShape
+    ms: tuple[int, ...]
+    device: str
+
+    def __call__(self) -> None:
+        if settings.executor == "threads":
+            run_shape(self.module, self.shape, self.ms, self.device)
+            return
+        for attempt in (1, 2):
+            pool = _pool.get()
+            try:
+                pool.submit(run_shape, self.module, self.shape, self.ms, self.device).result()
+                return
+            except concurrent.futures.process.BrokenProcessPool:
+                _pool.replace(pool)
+                if attempt == 2:
+                    raise
+
+
+def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str) -> int:
+    """Run ``shape``'s entry point at every M (in whatever process this is); returns the number of runs."""
+    deep_gemm = importlib.import_module(module)
+    entry = getattr(deep_gemm, KINDS[shape.kind])
+    dev = torch.device(device)
+    m_max = max(ms)
+
+    def make():
+        return _operands(shape, m_max, dev)
+
+    def run(operands):
+        for m in ms:
+            _call(entry, shape, operands, m)
+
+    run_admitted(dev, shape.operand_bytes(m_max), make, run, f"DeepGEMM {KINDS[shape.kind]} {shape}")
+    return len(ms)
+
+
+def _operands(shape: GemmShape, m_max: int, device: torch.device) -> dict:
+    fp8, kb, nb = torch.float8_e4m3fn, math.ceil(shape.k / _BLOCK), math.ceil(shape.n / _BLOCK)
+    rows = _rows(shape, m_max)
+    if shape.kind == "masked":
+        a_shape, d_shape = (shape.experts, m_max, shape.k), (shape.experts, m_max, shape.n)
+        a_scale = (shape.experts, m_max, kb)
+    else:
+        a_shape, d_shape, a_scale = (rows, shape.k), (rows, shape.n), (rows, kb)
+    b_shape = (shape.n, shape.k) if shape.kind == "dense" else (shape.experts, shape.n, shape.k)
+    b_scale = (nb, kb) if shape.kind == "dense" else (shape.experts, nb, kb)
+    return {
+        "a": torch.empty(a_shape, dtype=fp8, device=device),
+        "a_scale": torch.ones(a_scale, dtype=torch.float32, device=device),
+        "b": torch.empty(b_shape, dtype=fp8, device=device),
+        "b_scale": torch.ones(b_scale, dtype=torch.float32, device=device),
+        "d": torch.empty(d_shape, dtype=torch.bfloat16, device=device),
+        # contiguous layout: every block of _ALIGN_M rows belongs to one expert, all experts used in turn
+        "m_indices": (torch.arange(rows, device=device, dtype=torch.int32) // _ALIGN_M) % shape.experts,
+    }
+
+
+def _call(entry, shape: GemmShape, o: dict, m: int) -> None:
+    if shape.kind == "dense":
+        entry((o["a"][:m], o["a_scale"][:m]), (o["b"], o["b_scale"]), o["d"][:m])
+    elif shape.kind == "contiguous":
+        rows = _rows(shape, m)
+        entry((o["a"][:rows], o["a_scale"][:rows]), (o["b"], o["b_scale"]), o["d"][:rows], o["m_indices"][:rows])
+    else:
+        masked_m = torch.full((shape.experts,), m, dtype=torch.int32, device=o["a"].device)
+        entry((o["a"], o["a_scale"]), (o["b"], o["b_scale"]), o["d"], masked_m, m)
+
+
+class _WorkerPool:
+    """Spawned processes that run DeepGEMM builds; started with the first one, stopped at shutdown."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._hooked = False
+
+    def get(self) -> concurrent.futures.ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                if not self._hooked:
+                    os.register_at_fork(after_in_child=self._forget)
+                    add_shutdown_hook(self.shutdown)
+                    self._hooked = True
+                # each worker holds a CUDA context (hundreds of MiB): a few suffice, as DeepGEMM's nvcc runs use
+                # several cores each
+                self._pool = concurrent.futures.ProcessPoolExecutor(
+                    max_workers=max(1, min(settings.threads, 4)), mp_context=multiprocessing.get_context("spawn"))
+            return self._pool
+
+    def replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._pool is broken:
+                self._pool = None
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
+        self._pool = None
+
+
+_pool = _WorkerPool()

@@ -1,0 +1,119 @@
+"""DeepGEMM builds by running, against a fake module with DeepGEMM's public signatures (DeepGEMM itself cannot be
+installed on the CPU machines)."""
+
+import json
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import buildops
+from buildops import build_pass, model_created, register_family, report, settings, unregister_family
+from buildops._gpu import MemoryGate, NotEnoughGpuMemory
+from buildops.deep_gemm import DeepGemmFamily, GemmShape, deep_gemm_builds, find_gemm_shapes, m_values
+
+from conftest import WAIT
+
+
+@pytest.fixture
+def calls(tmp_path, monkeypatch):
+    """The fake's calls, read from its log (it may run in worker processes)."""
+    log = tmp_path / "deep_gemm_calls.jsonl"
+    monkeypatch.setenv("FAKE_DEEP_GEMM_LOG", str(log))
+
+    def read():
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return read
+
+
+def test_m_sweeps():
+    assert m_values(300, 4096, "full") == tuple(range(1, 301))
+    assert m_values(300, 4096, "off") == ()
+    relaxed = m_values(8192, 7168, "relaxed", sms=132)
+    assert relaxed[:4] == (1, 2, 4, 8) and relaxed[-1] == 8192 and 64 in relaxed and 4096 in relaxed
+    assert len(relaxed) < 8192 / 10 and all(1 <= m <= 8192 for m in relaxed)
+    assert 132 * 128 // (7168 // 256) in relaxed  # one full wave of 128 x 256 tiles
+    with settings.scope(deep_gemm_m="off"):
+        assert m_values(100, 512) == ()
+
+
+class MoE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(256, 512, bias=False).to(torch.float8_e4m3fn)
+        self.o = nn.Linear(512, 256, bias=False).to(torch.float8_e4m3fn)
+        self.o_again = nn.Linear(512, 256, bias=False).to(torch.float8_e4m3fn)  # same shape: built once
+        self.experts = nn.Parameter(torch.empty(4, 384, 256).to(torch.float8_e4m3fn), requires_grad=False)
+        self.norm = nn.LayerNorm(256)  # not fp8: not DeepGEMM's
+
+
+def test_shapes_are_found_in_a_models_layers():
+    assert find_gemm_shapes(MoE(), grouped=("contiguous", "masked")) == [  # in parameters() order
+        GemmShape("contiguous", 384, 256, 4), GemmShape("masked", 384, 256, 4),
+        GemmShape("dense", 512, 256), GemmShape("dense", 256, 512)]
+
+
+def test_builds_dedup_by_shape_and_m_set():
+    shapes = [GemmShape("dense", 512, 256)] * 2 + [GemmShape("dense", 256, 512)]
+    builds = deep_gemm_builds(shapes, 100, mode="full", module="fake_deep_gemm", device="cpu")
+    assert len(builds) == 2 and all(b.library == "deep_gemm" and not b.uses_gpu for b in builds)
+    again = deep_gemm_builds(shapes[:1], 100, mode="relaxed", module="fake_deep_gemm", device="cpu")
+    assert again[0].key != builds[0].key  # another M set is another build
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_every_shape_runs_at_every_m(calls, executor):
+    shapes = [GemmShape("dense", 256, 128), GemmShape("contiguous", 256, 128, 3), GemmShape("masked", 128, 256, 2)]
+    with settings.scope(executor=executor), build_pass("warmup"):
+        for build in deep_gemm_builds(shapes, 20, mode="full", module="fake_deep_gemm", device="cpu"):
+            buildops._builder.default_builder().submit(build)
+        assert buildops.join(timeout=WAIT * 6)
+    seen = calls()
+    assert report().total("failed") == 0
+    dense = sorted(c["m"] for c in seen if c["fn"] == "fp8_gemm_nt")
+    assert dense == list(range(1, 21))
+    contiguous = [c for c in seen if c["fn"] == "m_grouped_fp8_gemm_nt_contiguous"]
+    assert len(contiguous) == 20 and {c["m"] for c in contiguous} == {128} and contiguous[0]["e"] == 3
+    masked = sorted(c["m"] for c in seen if c["fn"] == "m_grouped_fp8_gemm_nt_masked")
+    assert masked == list(range(1, 21))
+    pids = {c["pid"] for c in seen}
+    assert (pids == {os.getpid()}) == (executor == "threads")  # processes: the runs happened elsewhere
+
+
+def test_a_family_queues_builds_when_the_model_is_created(calls):
+    family = register_family(DeepGemmFamily(max_tokens=lambda config: config["max_tokens"], module="fake_deep_gemm"))
+    try:
+        with settings.scope(executor="threads"):
+            futures = model_created(MoE(), {"max_tokens": 8})  # no pass: straight to the builder
+            assert len(futures) == 3 and buildops.join(timeout=WAIT)
+            assert len(calls()) == 2 * len(m_values(8, 512)) + len(m_values(8, 384))
+            with buildops.rehearsal("startup"):
+                assert len(model_created(MoE(), {"max_tokens": 16})) == 3
+            assert buildops.join(timeout=WAIT)
+            assert model_created(nn.Linear(4, 4), {"max_tokens": 8}) == []  # not recognised: nothing queued
+    finally:
+        unregister_family(family)
+
+
+def test_the_memory_gate_admits_what_fits_and_runs_fewer_at_once():
+    free = {"bytes": 3 << 20}
+    gate = MemoryGate(free=lambda device: free["bytes"])
+    cuda = torch.device("cuda", 0)
+    with settings.scope(gpu_reserve_mb=1):
+        first = gate.allocate(cuda, 1 << 20, lambda: "operands", "first")
+        assert first == "operands"
+        free["bytes"] = 1 << 20  # the first build's operands now take memory
+        import threading
+        done = threading.Event()
+        waiter = threading.Thread(target=lambda: (gate.allocate(cuda, 1 << 20, lambda: None, "second"),
+                                                  done.set()))
+        waiter.start()
+        assert not done.wait(0.3) and gate.waits >= 1  # waits while the first holds its operands
+        free["bytes"] = 3 << 20
+        gate.release()
+        assert done.wait(WAIT)
+        gate.release()
+        with pytest.raises(NotEnoughGpuMemory, match=r"second: dummy operands need 4 MiB, 3 MiB is free and "
+                                                     r"BUILDOPS_GPU_RESERVE_MB keeps 1 MiB"):
+            gate.allocate(cuda, 4 << 20, lambda: None, "second")  # nothing else holds memory: it never fits
