@@ -1,0 +1,77 @@
+"""FlashInfer JIT modules, built compile-only with FlashInfer's own machinery and lock.
+
+A build takes FlashInfer's per-module file lock (``JitSpec.lock_path``, the one ``build_and_load`` takes) and runs
+``JitSpec.build``: ninja and nvcc write the module into FlashInfer's JIT cache, and nothing is loaded. The first
+call that needs the module loads it: its ``build_and_load`` finds ninja's outputs up to date and compiles nothing
+(it still runs ninja, ~20 ms). That holds only if the later call sees the same build description: the same
+environment (FlashInfer's ``FLASHINFER_*`` build settings, ``CUDA_HOME``), the same ``ninja``, the same workspace.
+
+Two processes building one module take turns on the lock; the second finds it built. Builds run on the builder's
+threads (ninja and nvcc are subprocesses, so the GIL is free); at most one per 4 GiB of memory runs at once, since
+one nvcc of an attention module can take several GiB.
+
+:data:`PLAN_LOOKUPS` are the module getters a FlashInfer attention wrapper's ``plan()`` calls; with
+:func:`buildops.replay.variants` they turn a plan into the builds of the modules it would need.
+
+Imported on demand; FlashInfer reads its build settings when it is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from filelock import FileLock
+
+from ._builder import Build
+from ._config import settings
+
+__all__ = ["PLAN_LOOKUPS", "module_builds"]
+
+PLAN_LOOKUPS = (
+    "flashinfer.decode.get_batch_decode_module",
+    "flashinfer.decode.get_batch_prefill_module",
+    "flashinfer.prefill.get_batch_prefill_module",
+)
+
+_GIB = 1 << 30
+
+
+def _concurrent_builds() -> int:
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = 16 * _GIB
+    return max(1, min(settings.threads, memory // (4 * _GIB)))
+
+
+_slots: threading.BoundedSemaphore | None = None
+_slots_lock = threading.Lock()
+
+
+def _build_slots() -> threading.BoundedSemaphore:
+    global _slots
+    with _slots_lock:
+        if _slots is None:
+            _slots = threading.BoundedSemaphore(_concurrent_builds())
+        return _slots
+
+
+class _ModuleBuild:
+    """A build's run: ``JitSpec.build`` under FlashInfer's lock for the module; returns the library's path."""
+
+    def __init__(self, spec) -> None:
+        self.spec = spec
+
+    def __call__(self) -> Path:
+        with _build_slots(), FileLock(self.spec.lock_path, thread_local=False):
+            self.spec.build(verbose=False)
+        return Path(self.spec.jit_library_path)
+
+
+def module_builds(op: str, specs: Iterable) -> list[Build]:
+    """One build per FlashInfer ``JitSpec`` (e.g. ``flashinfer.jit.activation.gen_act_and_mul_module("silu")``)."""
+    return [Build(op, ("flashinfer", spec.name, str(spec.jit_library_path)), _ModuleBuild(spec),
+                  label=f"flashinfer module {spec.name}", library="flashinfer") for spec in specs]

@@ -1,0 +1,185 @@
+"""FlashInfer module builds for sm_90, compiled for real with nvcc on a machine without a GPU, and variant replay of
+a real FlashInfer wrapper's plan()."""
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import buildops
+from buildops import BuildConfig, DynamicSpec, build_pass, lists_kernels, report
+
+from conftest import WAIT
+
+
+def _cuda_home():
+    for candidate in (os.environ.get("CUDA_HOME"), "/usr/local/cuda-13.0", "/usr/local/cuda"):
+        if candidate and Path(candidate, "bin", "nvcc").exists():
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def flashinfer_env(tmp_path_factory):
+    """FlashInfer set up to build for sm_90 here: settings it reads at import, a stub libcuda to link against, and
+    the environment's own ninja first on PATH (a module must be built and loaded by the same ninja)."""
+    cuda_home = _cuda_home()
+    if cuda_home is None:
+        pytest.skip("needs nvcc (CUDA_HOME or /usr/local/cuda-13.0) to build FlashInfer modules")
+    base = tmp_path_factory.mktemp("flashinfer")
+    stub = base / "stub"
+    stub.mkdir()
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-x", "c", "-", "-o",
+                    str(stub / "libcuda.so")], input=b"void cuGetErrorString(void){}\n", check=True)
+    env = {"FLASHINFER_CUDA_ARCH_LIST": "9.0", "FLASHINFER_WORKSPACE_BASE": str(base / "workspace"),
+           "CUDA_HOME": cuda_home, "FLASHINFER_EXTRA_LDFLAGS": f"-L{stub}",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import flashinfer  # noqa: F401  (reads the settings above)
+    yield base
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _outputs(spec):
+    return {p: p.stat().st_mtime_ns for p in [Path(spec.jit_library_path), *Path(spec.build_dir).glob("*.o")]}
+
+
+def test_an_op_lists_a_module_that_builds_unloaded_and_later_loads_without_compiling(flashinfer_env):
+    import flashinfer.activation
+    from flashinfer.jit.activation import gen_act_and_mul_module
+
+    from buildops.flashinfer import module_builds
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x")
+    def silu_and_mul(x):
+        return flashinfer.activation.silu_and_mul(x)
+
+    @silu_and_mul.lister
+    def _(x):
+        return module_builds("silu_and_mul", [gen_act_and_mul_module("silu")])
+
+    with build_pass("warmup"):
+        silu_and_mul(torch.zeros(4, 256, dtype=torch.float16))
+    spec = gen_act_and_mul_module("silu")
+    assert report().total("built") == 1 and report().coverage() == {"flashinfer": (1, 0)}
+    built = _outputs(spec)
+    assert Path(spec.jit_library_path).exists() and len(built) == 2  # the .so and its object: nvcc ran here
+    assert flashinfer.activation.get_act_and_mul_module.cache_info().currsize == 0  # built, not loaded
+
+    load = textwrap.dedent("""
+        from flashinfer.jit.activation import gen_act_and_mul_module
+        gen_act_and_mul_module("silu").build_and_load()
+    """)
+    subprocess.run([sys.executable, "-c", load], check=True, timeout=300)  # FlashInfer's own first use ...
+    assert _outputs(spec) == built  # ... found everything up to date: nothing compiled, nothing relinked
+
+
+def test_two_processes_building_one_module_build_it_once(flashinfer_env, tmp_path):
+    launcher, log = tmp_path / "nvcc-launcher", tmp_path / "nvcc-calls"
+    launcher.write_text(f'#!/bin/sh\necho "$$" >> {log}\nexec "$@"\n')
+    launcher.chmod(0o755)
+    env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "workspace"),
+           "FLASHINFER_NVCC_LAUNCHER": str(launcher)}
+    build = textwrap.dedent("""
+        from flashinfer.jit.activation import gen_act_and_mul_module
+        from buildops.flashinfer import module_builds
+        [build] = module_builds("gelu", [gen_act_and_mul_module("gelu_tanh")])
+        print(build.run())
+    """)
+    processes = [subprocess.Popen([sys.executable, "-c", build], env=env, stdout=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0]
+    assert outputs[0] == outputs[1] and outputs[0].strip().endswith(".so")
+    assert len(log.read_text().splitlines()) == 1  # one nvcc run in all: the second process found it built
+
+
+@contextlib.contextmanager
+def cpu_machine_shims():
+    """Let a FlashInfer wrapper's plan() run on CPU tensors on a machine without a GPU: these stand in for the
+    device queries and the pinned-memory allocator that a GPU machine has. (Test scaffolding, not buildops.)"""
+    import flashinfer.utils as futils
+    saved = []
+
+    def patch(owner, name, value):
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    fakes = {"get_compute_capability": lambda device: (9, 0), "get_device_sm_count": lambda device: 132}
+    originals = {name: getattr(futils, name) for name in fakes}
+    for module in [m for name, m in sys.modules.items() if name.startswith("flashinfer")]:
+        for name, fake in fakes.items():
+            if getattr(module, name, None) is originals[name]:
+                patch(module, name, fake)
+    patch(torch.version, "cuda", "12.8")
+    for name in ("empty", "zeros"):
+        original = getattr(torch, name)
+        patch(torch, name, lambda *a, _original=original, **k: _original(*a, **{**k, "pin_memory": False}))
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+        for name in dir(futils):
+            cached = getattr(futils, name)
+            if name.startswith("is_sm") and hasattr(cached, "cache_clear"):
+                cached.cache_clear()
+
+
+def test_replaying_a_decode_plan_lists_its_module_without_building_it(flashinfer_env):
+    import flashinfer
+    import flashinfer.decode
+
+    from buildops.flashinfer import PLAN_LOOKUPS
+    from buildops.replay import variants
+
+    getter = flashinfer.decode.get_batch_decode_module
+    workspace = torch.empty(128 << 20, dtype=torch.uint8)
+    i32 = lambda *values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
+    with cpu_machine_shims(), variants("decode", *PLAN_LOOKUPS) as builds:
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+        wrapper.plan(i32(0, 2, 5), torch.arange(5, dtype=torch.int32), i32(3, 7), 32, 8, 128, 16,
+                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    [build] = builds
+    assert build.label.startswith("get_batch_decode_module(") and build.library == "flashinfer"
+    assert (build.run.func, build.run.args[0], build.run.args[4]) == (getter, torch.bfloat16, 128)  # dtype, head dim
+    assert flashinfer.decode.get_batch_decode_module is getter  # the plan's lookup is the real one again
+    assert getter.cache_info().currsize == 0  # and nothing fake was ever cached in it
+    assert not any(Path(flashinfer_env).rglob("batch_decode_*.so"))  # nothing was built inline
+
+
+def test_variants_leave_other_threads_their_real_lookup():
+    import threading
+
+    from buildops.replay import variants
+
+    seen = []
+    inside, release = threading.Event(), threading.Event()
+
+    def plan():
+        with variants("op", "os.path.join") as builds:
+            inside.set()
+            release.wait(WAIT)
+            os.path.join("a", "b")  # recorded, and ends the block
+            seen.append("not reached")
+        seen.append(builds)
+
+    thread = threading.Thread(target=plan)
+    thread.start()
+    assert inside.wait(WAIT)
+    assert os.path.join("x", "y") == "x/y"  # another thread, during the recording: the real function
+    release.set()
+    thread.join(WAIT)
+    [builds] = seen
+    assert len(builds) == 1 and builds[0].run() == "a/b" and os.path.join.__module__ == "posixpath"
