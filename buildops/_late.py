@@ -56,8 +56,9 @@ class _LateCompiles:
     def arm(self) -> None:
         """Called when an outermost pass ends: from now on, first-use compiles are late. Installs watchers."""
         self._armed = True
-        if "triton" in sys.modules:  # watch Triton only where it is already in use; never import it for this
-            importlib.import_module("buildops.triton")
+        for library in ("triton", "flashinfer"):  # watch a library only where it is in use; never import it
+            if library in sys.modules:
+                importlib.import_module(f"buildops.{library}")
         for install in list(self.watchers):
             install()
 
@@ -111,14 +112,13 @@ def reset() -> None:
 
 def _library_dirs() -> tuple[str, ...]:
     import os
-    import sys
 
     dirs = [os.path.dirname(os.path.abspath(__file__))]
-    for name in ("triton", "torch", "contextlib", "functools", "threading"):
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
+    packages, modules = ("triton", "torch", "flashinfer", "deep_gemm"), ("contextlib", "functools", "threading")
+    for name in packages + modules:
+        path = getattr(sys.modules.get(name), "__file__", None)
         if path:
-            dirs.append(os.path.dirname(path) if name in ("triton", "torch") else path)
+            dirs.append(os.path.dirname(path) if name in packages else path)
     return tuple(dirs)
 
 

@@ -25,10 +25,11 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from ._builder import Build
+from . import _late
+from ._builder import Build, on_builder_thread
 from ._config import settings
 
-__all__ = ["PLAN_LOOKUPS", "module_builds"]
+__all__ = ["PLAN_LOOKUPS", "module_builds", "watch_late_compiles"]
 
 PLAN_LOOKUPS = (
     "flashinfer.decode.get_batch_decode_module",
@@ -75,3 +76,37 @@ def module_builds(op: str, specs: Iterable) -> list[Build]:
     """One build per FlashInfer ``JitSpec`` (e.g. ``flashinfer.jit.activation.gen_act_and_mul_module("silu")``)."""
     return [Build(op, ("flashinfer", spec.name, str(spec.jit_library_path)), _ModuleBuild(spec),
                   label=f"flashinfer module {spec.name}", library="flashinfer") for spec in specs]
+
+
+# -- late compiles --------------------------------------------------------------------------------------------
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def watch_late_compiles() -> None:
+    """Wrap FlashInfer's ``JitSpec.build`` (which its ``build_and_load`` calls) so that a module compiled outside
+    the builder's threads after a pass is recorded as a late compile. A build that finds the module up to date
+    leaves the library's file untouched and is not late."""
+    from flashinfer.jit import core
+
+    for cls in [c for c in vars(core).values() if isinstance(c, type) and issubclass(c, core.JitSpec)]:
+        original = cls.__dict__.get("build")
+        if original is None or getattr(original, "buildops", False):
+            continue
+
+        def build(self, *args, _original=original, **kwargs):
+            before = _mtime(Path(self.jit_library_path))
+            result = _original(self, *args, **kwargs)
+            if not on_builder_thread() and _mtime(Path(self.jit_library_path)) != before:
+                _late.record(_late.LateCompile("flashinfer", self.name, "JIT module", (), _late.caller()),
+                             ("flashinfer", self.name))
+            return result
+        build.buildops = True
+        cls.build = build
+
+
+_late.add_watcher(watch_late_compiles)

@@ -84,6 +84,13 @@ def test_an_op_lists_a_module_that_builds_unloaded_and_later_loads_without_compi
     subprocess.run([sys.executable, "-c", load], check=True, timeout=300)  # FlashInfer's own first use ...
     assert _outputs(spec) == built  # ... found everything up to date: nothing compiled, nothing relinked
 
+    spec.build_and_load()  # here too: up to date, so not a late compile
+    assert buildops.late_compiles() == []
+    Path(spec.jit_library_path).unlink()  # a module that must be (re)linked on first use ...
+    spec.build_and_load()
+    [late] = buildops.late_compiles()  # ... is a late compile, named with where it came from
+    assert (late.library, late.kernel) == ("flashinfer", spec.name) and "test_flashinfer.py" in late.where
+
 
 def test_two_processes_building_one_module_build_it_once(flashinfer_env, tmp_path):
     launcher, log = tmp_path / "nvcc-launcher", tmp_path / "nvcc-calls"

@@ -56,3 +56,15 @@ def test_demo_ops_after_a_pass_match_torch_with_no_late_compile():
             torch.testing.assert_close(softmax(xs), torch.softmax(xs.float(), -1).half(), atol=1e-3, rtol=1e-2)
             torch.testing.assert_close(matmul(xs, b), (xs.float() @ b.float()).half(), atol=5e-2, rtol=2e-2)
     assert late_compiles() == []
+
+
+def test_real_deep_gemm_builds_run_every_shape():
+    pytest.importorskip("deep_gemm")
+    from buildops.deep_gemm import GemmShape, deep_gemm_builds
+
+    shapes = [GemmShape("dense", 4096, 7168), GemmShape("contiguous", 4096, 7168, 8)]
+    builder = buildops._builder.default_builder()
+    for build in deep_gemm_builds(shapes, 256, mode="relaxed"):
+        builder.submit(build)
+    assert buildops.join(timeout=1800) and report().total("failed") == 0
+    assert report().coverage()["deep_gemm"] == (2, 0)
