@@ -68,3 +68,29 @@ def test_real_deep_gemm_builds_run_every_shape():
         builder.submit(build)
     assert buildops.join(timeout=1800) and report().total("failed") == 0
     assert report().coverage()["deep_gemm"] == (2, 0)
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_deep_gemm_builds_allocate_through_the_gate_on_the_gpu(tmp_path, monkeypatch, executor):
+    """The fake DeepGEMM with CUDA operands: the memory gate reads real free memory; runs on a worker stream."""
+    import json
+
+    from buildops.deep_gemm import GemmShape, deep_gemm_builds
+
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_DEEP_GEMM_LOG", str(log))
+    shapes = [GemmShape("dense", 2048, 1024), GemmShape("masked", 1024, 2048, 4)]
+    with settings.scope(executor=executor):
+        builder = buildops._builder.default_builder()
+        for build in deep_gemm_builds(shapes, 64, mode="relaxed", module="fake_deep_gemm"):
+            assert build.uses_gpu
+            builder.submit(build)
+        assert buildops.join(timeout=WAIT * 30)
+    assert report().total("failed") == 0
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {c["fn"] for c in calls} == {"fp8_gemm_nt", "m_grouped_fp8_gemm_nt_masked"}
+    with settings.scope(gpu_reserve_mb=10 ** 9):  # a reserve no GPU has: nothing fits, and the report says so
+        for build in deep_gemm_builds(shapes[:1], 32, mode="full", module="fake_deep_gemm"):
+            buildops._builder.default_builder().submit(build)
+        assert buildops.join(timeout=WAIT * 30)
+    assert "NotEnoughGpuMemory" in report().format() and "will compile on first use" in report().format()
