@@ -169,13 +169,14 @@ class _GemmRun:
     device: str
 
     def __call__(self) -> None:
+        reserve = settings.gpu_reserve_mb  # read here: a worker process does not see this process's overrides
         if settings.executor == "threads":
-            run_shape(self.module, self.shape, self.ms, self.device)
+            run_shape(self.module, self.shape, self.ms, self.device, reserve)
             return
         for attempt in (1, 2):
             pool = _pool.get()
             try:
-                pool.submit(run_shape, self.module, self.shape, self.ms, self.device).result()
+                pool.submit(run_shape, self.module, self.shape, self.ms, self.device, reserve).result()
                 return
             except concurrent.futures.process.BrokenProcessPool:
                 _pool.replace(pool)
@@ -183,7 +184,7 @@ class _GemmRun:
                     raise
 
 
-def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str) -> int:
+def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int) -> int:
     """Run ``shape``'s entry point at every M (in whatever process this is); returns the number of runs."""
     deep_gemm = importlib.import_module(module)
     entry = getattr(deep_gemm, KINDS[shape.kind])
@@ -197,7 +198,8 @@ def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str) -> 
         for m in ms:
             _call(entry, shape, operands, m)
 
-    run_admitted(dev, shape.operand_bytes(m_max), make, run, f"DeepGEMM {KINDS[shape.kind]} {shape}")
+    with settings.scope(gpu_reserve_mb=reserve_mb):
+        run_admitted(dev, shape.operand_bytes(m_max), make, run, f"DeepGEMM {KINDS[shape.kind]} {shape}")
     return len(ms)
 
 
