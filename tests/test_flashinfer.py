@@ -29,6 +29,7 @@ def _cuda_home():
 def flashinfer_env(tmp_path_factory):
     """FlashInfer set up to build for sm_90 here: settings it reads at import, a stub libcuda to link against, and
     the environment's own ninja first on PATH (a module must be built and loaded by the same ninja)."""
+    pytest.importorskip("flashinfer", reason="FlashInfer is an optional dependency (./scripts/test installs it)")
     cuda_home = _cuda_home()
     if cuda_home is None:
         pytest.skip("needs nvcc (CUDA_HOME or /usr/local/cuda-13.0) to build FlashInfer modules")
@@ -166,7 +167,7 @@ def test_replaying_a_decode_plan_lists_its_module_without_building_it(flashinfer
     assert not any(Path(flashinfer_env).rglob("batch_decode_*.so"))  # nothing was built inline
 
 
-def test_variants_leave_other_threads_their_real_lookup():
+def test_variants_leave_other_threads_their_real_lookup():  # needs no FlashInfer
     import threading
 
     from buildops.replay import variants
