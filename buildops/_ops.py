@@ -28,7 +28,7 @@ from ._builder import Build, current_builder
 from ._config import settings
 from ._gpu import worker_stream
 from ._passes import BuildPass, _current
-from ._replay import replay
+from ._host_replay import replay
 from ._specs import BuildConfig, DynamicSpec, SpecError, TensorSpec, call_signature
 
 __all__ = ["builds_by_running", "lists_kernels"]

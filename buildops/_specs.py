@@ -43,7 +43,8 @@ class DynamicSpec:
             a sequence or ``range`` of ints: those values (buckets), whatever ``v`` is;
             a callable ``f(v)``: the ints it returns.
         max: no swept value ever exceeds it (values above are dropped; a call above it builds ``max``).
-        name: how ties, filters and test recorders refer to the dim (default ``"x.0"``, or ``"n"`` when ``dim`` is None).
+        name: how ties, filters and test recorders refer to the dim (default ``"x.0"``; ``"n"`` when ``dim`` is
+            None).
         follows: instead of a sweep of its own, the dim takes its value from others: the name of a spec to equal,
             or a callable given the swept values by name that returns this dim's value.
     """

@@ -51,7 +51,8 @@ class Report:
         widths = [max(len(str(r[i])) for r in (head, *rows)) for i in range(len(head))]
 
         def line(row) -> str:  # the op name left-aligned, the figures right-aligned
-            return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+            cells = enumerate(zip(row, widths))
+            return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in cells)
 
         out = [line(head), line(["-" * w for w in widths]), *map(line, rows[:-1]), line(rows[-1])]
         out += [f"failed: {op}: {build}: {error}" for op, build, error in self.failures]

@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import triton
 from torch._subclasses.fake_tensor import FakeTensor
 from triton import knobs
 from triton.backends.compiler import GPUTarget

@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _fresh(fresh_buildops):
+def _fresh(fresh_buildops):  # noqa: F811  (the fixture imported above)
     yield
 
 

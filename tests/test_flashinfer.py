@@ -3,7 +3,6 @@ a real FlashInfer wrapper's plan()."""
 
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import textwrap

@@ -89,7 +89,8 @@ def test_bad_specs_fail_against_the_op():
 
 def test_bad_calls_name_op_argument_and_dim():
     config = BuildConfig(DynamicSpec("x", 2))
-    with pytest.raises(SpecError, match=r"op: DynamicSpec\('x', dim=2\): argument 'x' has 2 dimension\(s\), shape \(4, 3\)"):
+    message = r"op: DynamicSpec\('x', dim=2\): argument 'x' has 2 dimension\(s\), shape \(4, 3\)"
+    with pytest.raises(SpecError, match=message):
         combos(config, op, x=torch.empty(4, 3))
     with pytest.raises(SpecError, match=r"expects argument 'x' to be a tensor, got float"):
         combos(config, op, x=1.5)

@@ -7,7 +7,6 @@ import time
 
 import pytest
 import torch
-import triton
 from triton import knobs
 
 import buildops

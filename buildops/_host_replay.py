@@ -24,7 +24,8 @@ class ReplayError(SpecError):
     """An op's host code could not run on fake tensors, so its builds cannot be listed by replay."""
 
 
-def _fake_arguments(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]], mode) -> inspect.BoundArguments:
+def _fake_arguments(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]],
+                    mode) -> inspect.BoundArguments:
     call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
     for name, value in bound.arguments.items():
         dims = shapes.get(name, {})
