@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._config import settings
+from ._node import node_claims
 
 __all__ = ["Build", "BuildState", "Builder", "OpStats", "default_builder", "join", "shutdown"]
 
@@ -52,6 +53,7 @@ class Build:
     uses_gpu: bool = False
     label: str = ""
     library: str = ""  # "triton", "flashinfer", ...: what the report counts its coverage by
+    shared: bool = True  # built once per node: other processes wait, then find it in the library's disk cache
 
     def describe(self) -> str:
         return self.label or repr(self.key)
@@ -101,6 +103,7 @@ class Builder:
         self._workers: list[threading.Thread] = []
         self._busy = 0
         self._closed = False
+        self._claims = node_claims()
         self.waiting_ops: set = set()  # ops with calls that may wait on builds; forgotten after a fork
 
     # -- submitting -------------------------------------------------------------------------------------------
@@ -136,20 +139,33 @@ class Builder:
             record = self._queue.get()
             if record is None:
                 return
-            if not record.future.set_running_or_notify_cancel():
-                continue  # cancelled while queued
-            with self._lock:
-                record.state = BuildState.BUILDING
-                self._busy += 1
-            start = time.perf_counter()
+            claim = None
+            if self._claims is not None and record.build.shared and not record.future.cancelled():
+                claim = self._claims.try_claim(record.build.key, wait=0.05)
+                if claim is None:  # another process of this node is building it: build something else first
+                    self._queue.put(record)
+                    continue
             try:
-                result = record.build.run()
-            except BaseException as exc:  # a build's failure is the op's to handle by compiling on first use
-                self._finish(record, time.perf_counter() - start, exc)
-                record.future.set_exception(exc)
-            else:
-                self._finish(record, time.perf_counter() - start, None)
-                record.future.set_result(result)
+                self._run(record)
+            finally:
+                if claim is not None:
+                    claim.release()
+
+    def _run(self, record: _Record) -> None:
+        if not record.future.set_running_or_notify_cancel():
+            return  # cancelled while queued
+        with self._lock:
+            record.state = BuildState.BUILDING
+            self._busy += 1
+        start = time.perf_counter()
+        try:
+            result = record.build.run()
+        except BaseException as exc:  # a build's failure is the op's to handle by compiling on first use
+            self._finish(record, time.perf_counter() - start, exc)
+            record.future.set_exception(exc)
+        else:
+            self._finish(record, time.perf_counter() - start, None)
+            record.future.set_result(result)
 
     def _finish(self, record: _Record, seconds: float, error: BaseException | None) -> None:
         with self._lock:

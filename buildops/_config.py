@@ -118,6 +118,10 @@ _SETTINGS = {
         "BUILDOPS_DEEP_GEMM_M", _parse_choice("relaxed", "full", "off"), lambda: "relaxed",
         "Which M values DeepGEMM builds run: relaxed (representative), full (every M up to the max), off.",
     ),
+    "node_locks": _Setting(
+        "BUILDOPS_NODE_LOCKS", lambda name, raw: raw.strip(), lambda: "",
+        "Directory of the lock files by which the processes of a node share builds, or 'off'.",
+    ),
     "late_compile": _Setting(
         "BUILDOPS_LATE_COMPILE", _parse_choice("warn", "error", "ignore"), lambda: "warn",
         "What a kernel compiled on first use after a pass does: warn (log once), error (raise), ignore.",

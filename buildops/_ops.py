@@ -201,7 +201,9 @@ class _RunningOp(_Op):
         key = ("run", self.name, call_signature(bound.arguments, self.config.swept(bound.arguments)),
                tuple(sorted(dims.items())))
         run = functools.partial(_run_at, self.fn, bound, self.config.shapes(dims), device)
-        return [Build(self.name, key, run, uses_gpu=device is not None, label=f"{self.name} {dict(dims)}")]
+        # not shared across processes: the run compiles into this process, and its key names this process's objects
+        return [Build(self.name, key, run, uses_gpu=device is not None, label=f"{self.name} {dict(dims)}",
+                      shared=False)]
 
 
 def _fit(tensor: torch.Tensor, dims: Mapping[int, int]) -> torch.Tensor:

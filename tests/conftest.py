@@ -19,7 +19,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _fresh(fresh_buildops):  # noqa: F811  (the fixture imported above)
+def _fresh(fresh_buildops, tmp_path, monkeypatch):  # noqa: F811  (the fixture imported above)
+    # each test its own node-lock dir: tests reuse build keys, and other test runs on the machine may too
+    monkeypatch.setenv("BUILDOPS_NODE_LOCKS", str(tmp_path / "node-locks"))
     yield
 
 

@@ -1,0 +1,68 @@
+"""Builds shared by the processes of one node: each key built once, however many processes need it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from buildops import BuildState
+from buildops._builder import Builder
+
+from conftest import WAIT
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_a_key_another_builder_holds_waits_while_other_keys_build(runs):
+    gate = threading.Event()
+    first, second = Builder(threads=1), Builder(threads=1)  # two claimants, as two processes would be
+    try:
+        held = first.submit(runs.build("op", "shared", gate=gate))
+        assert runs.started.wait(WAIT)
+        shared = second.submit(runs.build("op", "shared"))
+        other = second.submit(runs.build("op", "other"))
+        assert other.result(WAIT) == "other"  # built while "shared" was claimed elsewhere
+        time.sleep(0.2)
+        assert not shared.done() and second.state("shared") is BuildState.QUEUED
+        gate.set()
+        assert held.result(WAIT) == "shared" and shared.result(WAIT) == "shared"
+        assert runs.calls == ["shared", "other", "shared"]  # the second "shared" only after the first finished
+    finally:
+        first.shutdown()
+        second.shutdown()
+
+
+def start_ranks(count, tmp_path):
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"), "BUILDOPS_NODE_LOCKS": str(tmp_path / "locks"),
+           "BUILDOPS_THREADS": "1", "BUILDOPS_EXECUTOR": "threads", "PYTHONPATH": str(TESTS)}
+    return [subprocess.Popen([sys.executable, str(TESTS / "node_child.py")], env=env, stdout=subprocess.PIPE,
+                             text=True) for _ in range(count)]
+
+
+def summary(process):
+    out, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, out
+    return json.loads(out.splitlines()[-1])
+
+
+def test_three_processes_compile_each_kernel_once(tmp_path):
+    ranks = [summary(p) for p in start_ranks(3, tmp_path)]
+    variants = 12
+    assert sum(r["compiled"] for r in ranks) == variants  # the node compiled each variant once ...
+    assert all(r["compiled"] >= 1 for r in ranks)  # ... the processes splitting the work between them ...
+    assert all(r["compiled"] + r["loaded"] == variants for r in ranks)  # ... and every process has every one
+    assert all(r["after"] == 0 and r["built"] == variants and r["failed"] == 0 for r in ranks)
+
+
+def test_a_process_that_dies_mid_build_hangs_nobody(tmp_path):
+    victim, *others = start_ranks(3, tmp_path)
+    assert victim.stdout.readline().strip() == "started"
+    time.sleep(1.0)  # let it claim and start building
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(WAIT)
+    ranks = [summary(p) for p in others]
+    assert all(r["built"] == 12 and r["failed"] == 0 and r["after"] == 0 for r in ranks)
