@@ -6,6 +6,7 @@ queues compile-only builds for every swept shape on the process's builder. See `
 """
 
 from ._builder import Build, BuildState, join, shutdown
+from ._capture import GraphCaptureDuringBuild, prepare_graph_capture
 from ._config import ConfigError, settings
 from ._families import OpFamily, model_created, register_family, unregister_family
 from ._late import LateCompile, LateCompileError, late_compiles
@@ -20,6 +21,7 @@ __all__ = [
     "BuildState",
     "ConfigError",
     "DynamicSpec",
+    "GraphCaptureDuringBuild",
     "LateCompile",
     "LateCompileError",
     "OpFamily",
@@ -31,6 +33,7 @@ __all__ = [
     "late_compiles",
     "lists_kernels",
     "model_created",
+    "prepare_graph_capture",
     "register_family",
     "rehearsal",
     "report",

@@ -121,6 +121,9 @@ class Builder:
                 record.owners.add(owner)
                 return record.future
             record = _Record(build, concurrent.futures.Future(), {owner})
+            if build.uses_gpu:
+                from ._capture import install_guard  # here, not at import: only processes with GPU builds
+                install_guard()
             self._records[build.key] = record
             self._history.append(record)
             if len(self._workers) < self.threads:
@@ -282,6 +285,12 @@ class Builder:
         """How many workers are running a build now."""
         with self._lock:
             return self._busy
+
+    def gpu_pending(self) -> list[Build]:
+        """The GPU builds queued or running now."""
+        with self._lock:
+            return [r.build for r in self._records.values()
+                    if r.build.uses_gpu and r.state in (BuildState.QUEUED, BuildState.BUILDING)]
 
     @property
     def queued(self) -> int:

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import buildops
-from buildops import BuildConfig, DynamicSpec, build_pass, builds_by_running, late_compiles, rehearsal, report, settings
+from buildops import (BuildConfig, DynamicSpec, build_pass, builds_by_running, late_compiles, rehearsal, report,
+                      settings)
 
 from conftest import WAIT
 
@@ -94,3 +95,28 @@ def test_deep_gemm_builds_allocate_through_the_gate_on_the_gpu(tmp_path, monkeyp
             buildops._builder.default_builder().submit(build)
         assert buildops.join(timeout=WAIT * 30)
     assert "NotEnoughGpuMemory" in report().format() and "will compile on first use" in report().format()
+
+
+def test_graph_capture_waits_for_gpu_builds():
+    gate = threading.Event()
+
+    @builds_by_running(BuildConfig(DynamicSpec("x", 0, sweep=[8])), output="x")
+    def slow(x):
+        gate.wait(WAIT)
+        return x + 1
+
+    x = torch.ones(4, 16, device="cuda")
+    with rehearsal("startup"):
+        slow(x)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(buildops.GraphCaptureDuringBuild):
+        with torch.cuda.graph(graph):
+            x.mul_(2)
+    gate.set()
+    buildops.prepare_graph_capture(timeout=WAIT)
+    static = torch.ones(4, 16, device="cuda")
+    with torch.cuda.graph(graph):
+        static.mul_(2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, torch.full((4, 16), 2.0, device="cuda"))  # capturing does not run it; replay does

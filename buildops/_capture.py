@@ -1,0 +1,56 @@
+"""CUDA graph capture and GPU builds must not overlap.
+
+A GPU build (a DeepGEMM run, a ``@builds_by_running`` op) launches kernels and allocates memory on its own stream.
+During a capture in the default global mode, such work from another thread invalidates the capture; in a relaxed
+mode it may be captured into the graph or take memory from the graph's pool. So before capturing, call
+:func:`prepare_graph_capture` (it waits for every GPU build), and buildops guards the capture itself: once the
+builder has seen a GPU build, ``torch.cuda.CUDAGraph.capture_begin`` raises :class:`GraphCaptureDuringBuild` while
+GPU builds are queued or running.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ._builder import current_builder, join
+
+__all__ = ["GraphCaptureDuringBuild", "prepare_graph_capture"]
+
+
+class GraphCaptureDuringBuild(RuntimeError):
+    """A CUDA graph capture began while buildops' GPU builds were queued or running."""
+
+
+def prepare_graph_capture(timeout: float | None = None) -> None:
+    """Wait for every GPU build, so that a CUDA graph capture can begin; raises TimeoutError past ``timeout``."""
+    if not join(gpu_only=True, timeout=timeout):
+        raise TimeoutError(f"buildops: GPU builds still running after {timeout} s; not safe to capture a graph yet")
+
+
+_installed = False
+_lock = threading.Lock()
+
+
+def install_guard() -> None:
+    """Wrap ``CUDAGraph.capture_begin`` (once): the builder calls this when it first receives a GPU build."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        original = torch.cuda.CUDAGraph.capture_begin
+
+        def capture_begin(self, *args, **kwargs):
+            builder = current_builder()
+            pending = builder.gpu_pending() if builder is not None else []
+            if pending:
+                ops = ", ".join(sorted({build.op for build in pending}))
+                raise GraphCaptureDuringBuild(
+                    f"CUDA graph capture began while {len(pending)} GPU build(s) of buildops are queued or running "
+                    f"(ops: {ops}); call buildops.prepare_graph_capture() (or buildops.join(gpu_only=True)) first")
+            return original(self, *args, **kwargs)
+
+        capture_begin.__wrapped__ = original
+        torch.cuda.CUDAGraph.capture_begin = capture_begin
+        _installed = True

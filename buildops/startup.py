@@ -1,0 +1,71 @@
+"""Thin helpers for an engine's startup: named phases with their durations, and the rehearse-then-load pattern.
+
+    from buildops.startup import phase, rehearse_then_load
+
+    with phase("create model"):
+        model = Model(config)
+        buildops.model_created(model, config)
+    rehearse_then_load(lambda: model(dummy_context_batch) and model(dummy_decode_step),
+                       lambda: load_checkpoint(model))
+    with phase("capture graphs"):
+        capture_cuda_graphs(model)   # buildops.prepare_graph_capture() already ran
+
+Engines keep their own loaders and runners; these only order and time the steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from ._capture import prepare_graph_capture
+from ._passes import rehearsal
+
+__all__ = ["phase", "phases", "rehearse_then_load"]
+
+logger = logging.getLogger("buildops")
+T = TypeVar("T")
+
+_phases: list[tuple[str, float]] = []
+_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Time a startup step; logs its duration and keeps it for :func:`phases` (even if the step raises)."""
+    start = time.perf_counter()
+    logger.info("buildops: phase %s ...", name)
+    try:
+        yield
+    finally:
+        seconds = time.perf_counter() - start
+        with _lock:
+            _phases.append((name, seconds))
+        logger.info("buildops: phase %s took %.2f s", name, seconds)
+
+
+def phases(clear: bool = False) -> list[tuple[str, float]]:
+    """The phases timed so far, in order, as (name, seconds)."""
+    with _lock:
+        recorded = list(_phases)
+        if clear:
+            _phases.clear()
+    return recorded
+
+
+def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *, name: str = "startup") -> T:
+    """Run the dummy forwards in a :func:`~buildops.rehearsal` (their builds start), load the checkpoint while the
+    builds run, then wait for the GPU builds, so that what follows (CUDA graph capture, serving) never overlaps
+    them. Returns what ``load`` returns. CPU-only builds may still be running; :func:`buildops.join` waits for
+    those too."""
+    with phase(f"{name}: rehearsal"), rehearsal(name):
+        rehearse()
+    with phase(f"{name}: load"):
+        loaded = load()
+    with phase(f"{name}: wait for GPU builds"):
+        prepare_graph_capture()
+    return loaded

@@ -1,0 +1,60 @@
+import threading
+
+import pytest
+import torch
+
+import buildops
+from buildops import (BuildConfig, BuildState, DynamicSpec, GraphCaptureDuringBuild, lists_kernels,
+                      prepare_graph_capture)
+from buildops._builder import current_builder, default_builder
+from buildops.startup import phase, phases, rehearse_then_load
+
+from conftest import WAIT
+
+
+def test_a_graph_capture_cannot_begin_while_gpu_builds_run(runs):
+    gate = threading.Event()
+    default_builder().submit(runs.build("attention", "gpu-build", gate=gate, uses_gpu=True))
+    assert runs.started.wait(WAIT)
+    with pytest.raises(GraphCaptureDuringBuild, match=r"1 GPU build\(s\) of buildops are queued or running "
+                                                      r"\(ops: attention\); call buildops.prepare_graph_capture\(\)"):
+        torch.cuda.CUDAGraph.capture_begin(object())
+    with pytest.raises(TimeoutError, match="GPU builds still running after 0.1 s"):
+        prepare_graph_capture(timeout=0.1)
+    gate.set()
+    prepare_graph_capture(timeout=WAIT)
+    with pytest.raises(AttributeError):  # no build pending: the call reaches torch's own capture_begin
+        torch.cuda.CUDAGraph.capture_begin(object())
+
+
+def test_cpu_builds_do_not_block_a_capture(runs):
+    gate = threading.Event()
+    default_builder().submit(runs.build("norm", "cpu-build", gate=gate))
+    prepare_graph_capture(timeout=WAIT)  # returns at once: nothing of it uses the GPU
+    gate.set()
+
+
+def test_rehearse_then_load_overlaps_the_load_with_the_builds(runs):
+    gate = threading.Event()
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x")
+    def op(x):
+        return x
+
+    op.lister(lambda x: [runs.build("op", ("op", x.shape[1]), gate=gate, uses_gpu=True)])
+
+    def load():
+        assert runs.started.wait(WAIT)  # the rehearsal's build runs while the checkpoint loads
+        assert current_builder().state(("op", 8)) is BuildState.BUILDING
+        gate.set()
+        return "weights"
+
+    phases(clear=True)
+    with phase("create model"):
+        pass
+    assert rehearse_then_load(lambda: op(torch.zeros(2, 8)), load) == "weights"
+    assert current_builder().state(("op", 8)) is BuildState.BUILT  # joined before returning
+    assert [name for name, _ in phases()] == ["create model", "startup: rehearsal", "startup: load",
+                                              "startup: wait for GPU builds"]
+    assert all(seconds >= 0 for _, seconds in phases())
+    assert buildops.join(timeout=WAIT)
