@@ -38,7 +38,8 @@ def test_a_key_another_builder_holds_waits_while_other_keys_build(runs):
 
 def start_ranks(count, tmp_path):
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"), "BUILDOPS_NODE_LOCKS": str(tmp_path / "locks"),
-           "BUILDOPS_THREADS": "1", "BUILDOPS_EXECUTOR": "threads", "PYTHONPATH": str(TESTS)}
+           "BUILDOPS_THREADS": "1", "BUILDOPS_EXECUTOR": "threads",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
     return [subprocess.Popen([sys.executable, str(TESTS / "node_child.py")], env=env, stdout=subprocess.PIPE,
                              text=True) for _ in range(count)]
 
