@@ -17,22 +17,18 @@ Imported on demand; ``deep_gemm`` itself is imported only when a build runs.
 
 from __future__ import annotations
 
-import concurrent.futures
-import concurrent.futures.process
 import importlib
 import math
-import multiprocessing
-import os
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ._builder import Build, add_shutdown_hook
+from ._builder import Build
 from ._config import settings
 from ._gpu import run_admitted
+from ._pools import SpawnPool
 
 __all__ = ["DeepGemmFamily", "GemmShape", "deep_gemm_builds", "find_gemm_shapes", "m_values"]
 
@@ -173,15 +169,7 @@ class _GemmRun:
         if settings.executor == "threads":
             run_shape(self.module, self.shape, self.ms, self.device, reserve)
             return
-        for attempt in (1, 2):
-            pool = _pool.get()
-            try:
-                pool.submit(run_shape, self.module, self.shape, self.ms, self.device, reserve).result()
-                return
-            except concurrent.futures.process.BrokenProcessPool:
-                _pool.replace(pool)
-                if attempt == 2:
-                    raise
+        _pool.run(str(self.shape), run_shape, self.module, self.shape, self.ms, self.device, reserve)
 
 
 def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int) -> int:
@@ -235,42 +223,5 @@ def _call(entry, shape: GemmShape, o: dict, m: int) -> None:
         entry((o["a"], o["a_scale"]), (o["b"], o["b_scale"]), o["d"], masked_m, m)
 
 
-class _WorkerPool:
-    """Spawned processes that run DeepGEMM builds; started with the first one, stopped at shutdown."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        self._hooked = False
-
-    def get(self) -> concurrent.futures.ProcessPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                if not self._hooked:
-                    os.register_at_fork(after_in_child=self._forget)
-                    add_shutdown_hook(self.shutdown)
-                    self._hooked = True
-                # each worker holds a CUDA context (hundreds of MiB): a few suffice, as DeepGEMM's nvcc runs use
-                # several cores each
-                self._pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=max(1, min(settings.threads, 4)), mp_context=multiprocessing.get_context("spawn"))
-            return self._pool
-
-    def replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
-        with self._lock:
-            if self._pool is broken:
-                self._pool = None
-        broken.shutdown(wait=False, cancel_futures=True)
-
-    def shutdown(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-    def _forget(self) -> None:
-        self._lock = threading.Lock()
-        self._pool = None
-
-
-_pool = _WorkerPool()
+# Each worker holds a CUDA context (hundreds of MiB): a few suffice, as DeepGEMM's nvcc runs use several cores.
+_pool = SpawnPool("DeepGEMM build", lambda: max(1, min(settings.threads, 4)))

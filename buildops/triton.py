@@ -17,13 +17,9 @@ as without buildops.
 
 from __future__ import annotations
 
-import concurrent.futures
-import concurrent.futures.process
 import contextlib
 import contextvars
 import logging
-import multiprocessing
-import os
 import pickle
 import threading
 from collections.abc import Iterator
@@ -39,8 +35,9 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction, compute_cache_key
 
 from . import _late, _triton_worker
-from ._builder import Build, add_shutdown_hook, current_builder, on_builder_thread
+from ._builder import Build, current_builder, on_builder_thread
 from ._config import settings
+from ._pools import SpawnPool
 from ._specs import TensorSpec
 
 __all__ = ["CompileOnlyDriver", "PointerArg", "recording", "target", "triton_builds"]
@@ -281,82 +278,25 @@ def _picklable_reference(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[s
     return module, qualname
 
 
-class _ProcessPool:
-    """Warm worker processes, started with the first build that uses them and reused until shutdown."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        self._starting: list[concurrent.futures.Future] = []
-        self._fork_hook = False
-
-    def get(self) -> concurrent.futures.ProcessPoolExecutor:
-        """The pool, started (not necessarily warm yet) if it was not."""
-        with self._lock:
-            if self._pool is None:
-                if not self._fork_hook:
-                    os.register_at_fork(after_in_child=self._forget)
-                    add_shutdown_hook(self.shutdown)
-                    self._fork_hook = True
-                the_target = target()
-                workers = settings.threads
-                # spawn, not fork: the parent has threads (and maybe a CUDA context) that a fork would corrupt
-                self._pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_triton_worker.start,
-                    initargs=(the_target.backend, the_target.arch, the_target.warp_size))
-                # one task per worker makes the pool start them all now; each warms up before its first task
-                self._starting = [self._pool.submit(_triton_worker.ready) for _ in range(workers)]
-            return self._pool
-
-    def warm(self) -> bool:
-        """True once the workers have started and warmed; starts them if nobody did yet."""
-        self.get()
-        return all(f.done() for f in self._starting)
-
-    @property
-    def started(self) -> bool:
-        return self._pool is not None
-
-    def replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
-        with self._lock:
-            if self._pool is broken:
-                self._pool, self._starting = None, []
-        broken.shutdown(wait=False, cancel_futures=True)
-
-    def shutdown(self) -> None:
-        with self._lock:
-            pool, self._pool, self._starting = self._pool, None, []
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-    def _forget(self) -> None:
-        self._lock = threading.Lock()
-        self._pool, self._starting = None, []  # the parent's workers; the child starts its own when needed
+def _pool_initargs() -> tuple:
+    the_target = target()
+    return the_target.backend, the_target.arch, the_target.warp_size
 
 
-_processes = _ProcessPool()
+_processes = SpawnPool("Triton build", lambda: settings.threads, _triton_worker.start, _pool_initargs,
+                       warm_up=_triton_worker.ready)
 
 
 def _compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict) -> None:
-    """Compile in a worker process; a crashed worker is replaced and the build retried once, then it fails."""
+    """Compile in a worker process (crashes: see ``SpawnPool.run``); a kernel the worker cannot import is left to
+    the calling thread's own warmup."""
     module, qualname = reference
-    for attempt in (1, 2):
-        pool = _processes.get()
-        try:
-            future = pool.submit(_triton_worker.compile_variant, module, qualname, args, kwargs, knobs.cache.dir)
-            future.result()
-            return
-        except concurrent.futures.process.BrokenProcessPool:
-            _processes.replace(pool)
-            if attempt == 2:
-                raise RuntimeError(f"buildops: Triton build worker crashed twice building {module}.{qualname}")
-            logger.warning("buildops: a Triton build worker crashed building %s.%s; retrying once in a new one",
-                           module, qualname)
-        except (ImportError, AttributeError):
-            logger.debug("buildops: worker cannot import %s.%s; building it in a thread", module, qualname,
-                         exc_info=True)
-            return  # the thread's own warmup compiles it
+    try:
+        _processes.run(f"{module}.{qualname}", _triton_worker.compile_variant, module, qualname, args, kwargs,
+                       knobs.cache.dir)
+    except (ImportError, AttributeError):
+        logger.debug("buildops: worker cannot import %s.%s; building it in a thread", module, qualname,
+                     exc_info=True)
 
 
 _recording_var: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("buildops_triton", default=None)
