@@ -26,27 +26,33 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The demo's matmul (examples/demo_ops.py), compiled here per explicit tile shape rather than through its autotuner;
+# spawned workers get this sys.path too, so they import it by the same name.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+
+
+def kernel():
+    """The ``@triton.jit`` function under the demo matmul's ``@triton.autotune``."""
+    from demo_ops import _matmul_kernel
+    return _matmul_kernel.fn
 
 TILES = [(m, n, k) for m in (16, 32, 64, 128) for n in (32, 64, 128) for k in (32, 64)]
 DTYPES = (torch.float16, torch.bfloat16)
 
 
 def variants():
-    """48 distinct (args, options) launches of matmul_kernel."""
+    """48 distinct (args, options) launches of the matmul kernel."""
     return [((dtype, dtype, dtype, 512, 512, 512), {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k})
             for dtype in DTYPES for m, n, k in TILES]
 
 
 def fresh_caches() -> None:
-    from throughput_kernels import matmul_kernel
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="buildops-throughput-")
-    matmul_kernel.device_caches.clear()
+    kernel().device_caches.clear()
 
 
 def warmup(args, options) -> None:
-    from throughput_kernels import matmul_kernel
-    matmul_kernel.warmup(*args, grid=(1,), **options)
+    kernel().warmup(*args, grid=(1,), **options)
 
 
 def process_compile(args, options, cache_dir) -> None:
@@ -106,8 +112,6 @@ def main() -> None:
         processes = timed(lambda: list(pool.map(process_compile, *zip(*launches),
                                                 [os.environ["TRITON_CACHE_DIR"]] * len(launches))))
 
-    from throughput_kernels import matmul_kernel
-
     from buildops.triton import _executor, _processes, triton_builds
     with buildops.settings.scope(threads=workers, progress_after=3600):
         executor = _executor()
@@ -120,7 +124,7 @@ def main() -> None:
 
         def through_buildops():
             start = time.perf_counter()
-            builds = [b for a, o in launches for b in triton_builds("bench", matmul_kernel, *a, **o)]
+            builds = [b for a, o in launches for b in triton_builds("bench", kernel(), *a, **o)]
             listing.append(time.perf_counter() - start)
             for build in builds:
                 builder.submit(build)

@@ -71,21 +71,16 @@ def data_dependent(x):
     return out
 
 
-@triton.jit
-def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
-    """Slow enough to compile (0.2-1 s) that several processes building it overlap."""
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        a = tl.load(a_ptr + rm[:, None] * K + (k + rk)[None, :])
-        b = tl.load(b_ptr + (k + rk)[:, None] * N + rn[None, :])
-        acc += tl.dot(a, b)
-    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc.to(c_ptr.dtype.element_ty))
+def _demo_matmul():
+    """The demo's matmul (``@triton.jit`` under its autotuner), slow enough to compile (0.2-1 s) that several
+    processes building it overlap."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+    from demo_ops import _matmul_kernel
+    return _matmul_kernel.fn
 
 
+matmul_kernel = _demo_matmul()
 MATMUL_VARIANTS = [((torch.float16,) * 3 + (512, 512, 512), {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": 32})
                    for m in (16, 32, 64, 128) for n in (32, 64, 128)]
