@@ -4,7 +4,8 @@ Concurrency model:
   * One lock guards the builder's tables (records by key, per-op statistics). Nothing is built while it is held.
   * ``submit`` dedups by build key: a key queued, building or built returns the future it already has; a key
     whose build was cancelled may be submitted again.
-  * Workers take records off a FIFO queue. A record whose future was cancelled before a worker reached it is
+  * Workers take records off a queue in submission order, except that a build of a lower ``order`` goes first
+    (autotuning, which times compiled kernels, waits behind the compiles). A record whose future was cancelled before a worker reached it is
     skipped (``Future.set_running_or_notify_cancel``), so a cancelled build never runs.
   * A build that raises is marked failed, logged once with its traceback and counted; its future holds the
     exception, which buildops never re-raises into an op's call: the op compiles on first use instead.
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
+import itertools
 import logging
+import math
 import os
 import queue
 import sys
@@ -54,6 +57,7 @@ class Build:
     label: str = ""
     library: str = ""  # "triton", "flashinfer", ...: what the report counts its coverage by
     shared: bool = True  # built once per node: other processes wait, then find it in the library's disk cache
+    order: int = 0  # workers take queued builds of a lower order first (autotuning, 1, follows the compiles it times)
 
     def describe(self) -> str:
         return self.label or repr(self.key)
@@ -96,7 +100,9 @@ class Builder:
     def __init__(self, threads: int | None = None) -> None:
         self.threads = threads if threads is not None else settings.threads
         self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[_Record | None] = queue.SimpleQueue()
+        # (order, submission number, record); a stop sentinel (inf, n, None) sorts after every build
+        self._queue: queue.PriorityQueue[tuple[float, int, _Record | None]] = queue.PriorityQueue()
+        self._submitted = itertools.count()
         self._records: dict[Hashable, _Record] = {}
         self._history: list[_Record] = []  # every record ever made, cancelled ones included, for reports
         self._stats: dict[str, OpStats] = {}
@@ -128,8 +134,11 @@ class Builder:
             self._history.append(record)
             if len(self._workers) < self.threads:
                 self._start_worker()
-        self._queue.put(record)
+        self._put(record)
         return record.future
+
+    def _put(self, record: _Record) -> None:
+        self._queue.put((record.build.order, next(self._submitted), record))
 
     def _start_worker(self) -> None:
         thread = threading.Thread(target=self._work, name=f"buildops-worker-{len(self._workers)}", daemon=True)
@@ -139,14 +148,14 @@ class Builder:
     def _work(self) -> None:
         _thread_role.builder = True
         while True:
-            record = self._queue.get()
+            _order, _n, record = self._queue.get()
             if record is None:
                 return
             claim = None
             if self._claims is not None and record.build.shared and not record.future.cancelled():
                 claim = self._claims.try_claim(record.build.key, wait=0.05)
                 if claim is None:  # another process of this node is building it: build something else first
-                    self._queue.put(record)
+                    self._put(record)
                     continue
             try:
                 self._run(record)
@@ -270,6 +279,12 @@ class Builder:
             record = self._records.get(key)
             return record.state if record is not None else None
 
+    def future(self, key: Hashable) -> concurrent.futures.Future | None:
+        """The future of the build with this key, or None if it was never submitted (or was cancelled)."""
+        with self._lock:
+            record = self._records.get(key)
+            return record.future if record is not None else None
+
     def stats(self) -> dict[str, OpStats]:
         """A copy of the per-op statistics."""
         with self._lock:
@@ -315,7 +330,7 @@ class Builder:
                     del self._records[key]
             workers = list(self._workers)
         for _ in workers:
-            self._queue.put(None)
+            self._queue.put((math.inf, next(self._submitted), None))
         if wait:
             for thread in workers:
                 if thread is not threading.current_thread():

@@ -126,6 +126,10 @@ _SETTINGS = {
         "BUILDOPS_LATE_COMPILE", _parse_choice("warn", "error", "ignore"), lambda: "warn",
         "What a kernel compiled on first use after a pass does: warn (log once), error (raise), ignore.",
     ),
+    "autotune": _Setting(
+        "BUILDOPS_AUTOTUNE", _parse_bool, lambda: True,
+        "On a GPU, run the autotuning of @triton.autotune launches in the build (on zeros), not at first use.",
+    ),
     "triton_target": _Setting(
         "BUILDOPS_TRITON_TARGET", _parse_target, lambda: ("cuda", 90),
         "The target Triton builds compile for on a machine without a GPU driver (BACKEND:ARCH).",

@@ -121,6 +121,15 @@ class _Op:
         """The builds for one swept shape. Subclasses define how."""
         raise NotImplementedError
 
+    def builds_for(self, *args: Any, **kwargs: Any) -> list[Build]:
+        """``op.builds_for(*args, **kwargs)``: the builds the first call with these arguments would list in a pass,
+        at every swept shape, returned instead of queued (for :class:`~buildops.OpFamily` implementations, which
+        know a model's shapes before any forward). Tensors may be on the ``meta`` device: nothing is allocated.
+        For a method, pass the instance first."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return [build for dims in self.config.combinations(bound.arguments) for build in self.builds(bound, dims)]
+
     def register_lister(self, fn: Lister) -> Lister:
         """``@op.lister``: register how the op lists its builds; returns ``fn`` unchanged.
 
@@ -266,6 +275,7 @@ def _wrap(fn: Callable, op: _Op) -> Callable:
     """The op's wrapper; ``.lister`` reaches the op through the wrapped function (a proxy forwards attributes)."""
     try:
         fn.lister = op.register_lister  # type: ignore[attr-defined]
+        fn.builds_for = op.builds_for  # type: ignore[attr-defined]
     except (AttributeError, TypeError):
         raise TypeError(f"buildops cannot decorate {op.name}: it takes no attributes (wrap it in a function)")
     wrapper = wrapt.FunctionWrapper(fn, op.call) if op.method else _FunctionOp(fn, op.call)
@@ -277,10 +287,16 @@ def _ignore_lister(fn: Lister) -> Lister:
     return fn
 
 
+def _no_builds(*args: Any, **kwargs: Any) -> list[Build]:
+    return []
+
+
 def _transparent(fn: Callable) -> Callable:
-    """``BUILDOPS=0``: the function itself. ``.lister`` is accepted and ignored so decorated modules still import."""
+    """``BUILDOPS=0``: the function itself. ``.lister`` is accepted and ignored so decorated modules still import;
+    ``.builds_for`` lists nothing."""
     try:
         fn.lister = _ignore_lister  # type: ignore[attr-defined]
+        fn.builds_for = _no_builds  # type: ignore[attr-defined]
     except (AttributeError, TypeError):
         pass
     return fn

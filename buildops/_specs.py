@@ -23,7 +23,7 @@ __all__ = ["BuildConfig", "DynamicSpec", "SpecError", "TensorSpec"]
 Sweep = Union[str, Sequence[int], range, Callable[[int], Iterable[int]], None]
 Follows = Union[str, Callable[[Mapping[str, int]], int], None]
 
-_NAMED_SWEEPS = ("pow2", "exact")
+_NAMED_SWEEPS = ("pow2", "pow2_odd", "exact")
 
 
 class SpecError(ValueError):
@@ -39,6 +39,10 @@ class DynamicSpec:
         dim: the dimension of that tensor argument; ``None`` when the argument is itself an int (a token count).
         sweep: the values to build, from the value ``v`` the call has:
             ``"pow2"`` (default): 1, 2, 4, ... up to ``v``, and ``v`` itself;
+            ``"pow2_odd"``: as ``"pow2"``, plus the odd size just below each power of two from 4 on (3, 7, 15,
+            ...). Such a size rounds up to the same power of two but is not a multiple of 16, and Triton compiles
+            integer arguments that are multiples of 16 (or equal to 1) as separate variants: with this sweep a
+            token count of 100 finds both of its bucket's variants built, not only the aligned one;
             ``"exact"``: ``v`` alone;
             a sequence or ``range`` of ints: those values (buckets), whatever ``v`` is;
             a callable ``f(v)``: the ints it returns.
@@ -86,8 +90,11 @@ class DynamicSpec:
     def values(self, seen: int) -> list[int]:
         """The swept values for a call whose dim is ``seen``, capped at ``max``, sorted, without repeats."""
         sweep = self.sweep
-        if sweep == "pow2":
-            raw = [1 << i for i in range(max(seen, 1).bit_length()) if (1 << i) <= seen] + [seen]
+        if sweep in ("pow2", "pow2_odd"):
+            powers = [1 << i for i in range(max(seen, 1).bit_length()) if (1 << i) <= seen]
+            raw = powers + [seen]
+            if sweep == "pow2_odd":
+                raw += [p - 1 for p in powers if p >= 4]
         elif sweep == "exact":
             raw = [seen]
         elif callable(sweep):

@@ -16,6 +16,7 @@ Engines keep their own loaders and runners; these only order and time the steps.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 import time
@@ -68,4 +69,7 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
         loaded = load()
     with phase(f"{name}: wait for GPU builds"):
         prepare_graph_capture()
+        # The rehearsal's replays leave many short-lived objects in reference cycles (fake tensors); collect them
+        # now rather than in the middle of the first request.
+        gc.collect()
     return loaded

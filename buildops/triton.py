@@ -17,6 +17,7 @@ as without buildops.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import logging
@@ -37,6 +38,7 @@ from triton.runtime.jit import JITFunction, compute_cache_key
 from . import _late, _triton_worker
 from ._builder import Build, current_builder, on_builder_thread
 from ._config import settings
+from ._gpu import run_admitted
 from ._pools import SpawnPool
 from ._specs import TensorSpec
 
@@ -199,8 +201,9 @@ class _Recording:
         options = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         label = f"{jit.fn.__name__}[{options}]" if options else jit.fn.__name__
         _note_listed(_kernel_name(jit), self.op)
-        self.builds.append(Build(self.op, key, _WarmupRun(jit, stand_ins, kwargs, device), label=label,
-                                 library="triton"))
+        # On a GPU the build also loads the module: GPU work, which graph capture must not overlap.
+        self.builds.append(Build(self.op, key, _WarmupRun(jit, stand_ins, kwargs, device), uses_gpu=not _compile_only(),
+                                 label=label, library="triton"))
 
 
 class _WarmupRun:
@@ -318,8 +321,12 @@ def _recording_autotuner_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     recording = _recording_var.get()
     if recording is None:
         return _original_autotuner_run(self, *args, **kwargs)
+    first = len(recording.builds)
     for config in _configs_to_build(self, args, kwargs):  # every config, no benchmark: each is a build
         self.fn.run(*args, **kwargs, **config.all_kwargs())
+    tune = _tune_build(recording.op, self, args, kwargs, [b.key for b in recording.builds[first:]])
+    if tune is not None:
+        recording.builds.append(tune)
     return None
 
 
@@ -333,6 +340,91 @@ def _configs_to_build(tuner: Autotuner, args: tuple, kwargs: dict) -> list:
         logger.debug("buildops: early_config_prune of %s failed on stand-ins; building every config",
                      tuner.base_fn.__name__, exc_info=True)
         return list(tuner.configs)
+
+
+# -- autotuning in the build ----------------------------------------------------------------------------------
+
+class _Layout:
+    """What it takes to allocate a stand-in for a tensor argument: shape, strides, offset, storage size, dtype."""
+
+    __slots__ = ("shape", "stride", "offset", "storage", "dtype")
+
+    def __init__(self, tensor: Any) -> None:
+        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
+        if isinstance(tensor, TensorSpec):
+            self.stride, self.offset, self.storage = tensor.stride(), 0, tensor.numel()
+        else:
+            self.stride, self.offset = tuple(tensor.stride()), tensor.storage_offset()
+            self.storage = tensor.untyped_storage().nbytes() // tensor.element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage * torch.empty((), dtype=self.dtype).element_size()
+
+    def zeros(self, device: torch.device) -> torch.Tensor:
+        storage = torch.zeros(self.storage, dtype=self.dtype, device=device)
+        return storage.as_strided(self.shape, self.stride, self.offset)
+
+
+def _tuner_key(tuner: Autotuner, args: tuple, kwargs: dict) -> tuple:
+    """The key ``Autotuner.run`` files its choice under (its own computation: the key arguments, then dtypes)."""
+    named = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in tuner.arg_names}
+    return tuple([named[k] for k in tuner.keys if k in named] +
+                 [str(v.dtype) for v in named.values() if hasattr(v, "dtype")])
+
+
+def _tune_build(op: str, tuner: Autotuner, args: tuple, kwargs: dict, compiles: list) -> Build | None:
+    """The build that runs this launch's autotuning, or None where it cannot run here: no GPU, one config,
+    ``BUILDOPS_AUTOTUNE=0``, or a tensor argument known only by its dtype (no shape to allocate)."""
+    if len(tuner.configs) <= 1 or _compile_only() or not settings.autotune:
+        return None
+    if any(isinstance(a, (torch.dtype, PointerArg)) for a in (*args, *kwargs.values())):
+        return None
+    layouts = tuple(_Layout(a) if isinstance(a, (torch.Tensor, TensorSpec)) else a for a in args)
+    key = _tuner_key(tuner, args, kwargs)
+    jit = _inner_jit(tuner)
+    return Build(op, ("triton-autotune", _kernel_name(jit), jit.cache_key, key, target()),
+                 _TuneRun(tuner, layouts, kwargs, compiles, driver.active.get_current_device()), uses_gpu=True,
+                 label=f"autotune {jit.fn.__name__}{list(key)}", shared=False, order=1)
+
+
+class _TuneRun:
+    """A build's run for an autotuned launch on a GPU: the tuner's own ``run`` on zero-filled operands of the
+    launch's shapes, so that its in-memory cache holds a choice for the launch's key and the first real call
+    times nothing. Timings on zeros are what they are for GEMM-like kernels; a kernel whose speed depends on
+    its data should not be tuned this way (``BUILDOPS_AUTOTUNE=0``).
+
+    Workers take it after every compile build queued (``order=1``); it first waits for the configs' compiles
+    that other workers are still running, and tunes one launch at a time: tunes running together would time each
+    other. With the tuner's ``cache_results``, Triton keeps the choice on disk and a restart times nothing.
+    """
+
+    def __init__(self, tuner: Autotuner, layouts: tuple, kwargs: dict, compiles: list, device: int) -> None:
+        self.tuner, self.layouts, self.kwargs, self.compiles = tuner, layouts, kwargs, compiles
+        self.device = torch.device("cuda", device)
+
+    def __call__(self) -> Any:
+        builder = current_builder()
+        running = [f for f in (builder.future(k) for k in self.compiles) if f is not None and f.running()]
+        concurrent.futures.wait(running)
+        tensors = [a for a in self.layouts if isinstance(a, _Layout)]
+
+        def make() -> tuple:
+            return tuple(a.zeros(self.device) if isinstance(a, _Layout) else a for a in self.layouts)
+
+        chosen = []
+
+        def tune(operands: tuple) -> None:
+            _original_autotuner_run(self.tuner, *operands, **self.kwargs)
+            chosen.append(self.tuner.best_config)
+
+        with _tune_lock:
+            run_admitted(self.device, sum(t.nbytes for t in tensors), make, tune,
+                         f"autotuning of {self.tuner.base_fn.__name__}")
+        return chosen[0]
+
+
+_tune_lock = threading.Lock()
 
 
 @contextlib.contextmanager

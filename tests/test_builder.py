@@ -1,5 +1,6 @@
 import os
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -22,6 +23,21 @@ def test_submit_dedups_by_key_in_every_state(runs):
         assert runs.calls == ["k"]
         stats = builder.stats()
         assert (stats["a"].built, stats["b"].shared, stats["c"].shared) == (1, 1, 1)
+    finally:
+        builder.shutdown()
+
+
+def test_a_lower_order_goes_first_then_submission_order(runs):
+    builder = Builder(threads=1)
+    try:
+        gate = threading.Event()
+        builder.submit(runs.build("op", "held", gate=gate))
+        assert runs.started.wait(WAIT)
+        for key, order in (("tune-1", 1), ("compile-1", 0), ("tune-2", 1), ("compile-2", 0)):
+            builder.submit(replace(runs.build("op", key), order=order))
+        gate.set()
+        assert builder.join(timeout=WAIT)
+        assert runs.calls == ["held", "compile-1", "compile-2", "tune-1", "tune-2"]
     finally:
         builder.shutdown()
 

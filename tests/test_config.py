@@ -50,7 +50,7 @@ def test_scope_overrides_and_restores(monkeypatch):
     with pytest.raises(ConfigError, match="BUILDOPS_THREADS='0'"):
         with settings.scope(threads=0):
             pass
-    known = ("deep_gemm_m, enabled, executor, gpu_reserve_mb, late_compile, node_locks, progress_after, threads, "
+    known = ("autotune, deep_gemm_m, enabled, executor, gpu_reserve_mb, late_compile, node_locks, progress_after, threads, "
              "triton_target")
     with pytest.raises(ConfigError, match=f"unknown setting; known: {known}"):
         with settings.scope(thread=2):

@@ -120,3 +120,26 @@ def test_graph_capture_waits_for_gpu_builds():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static, torch.full((4, 16), 2.0, device="cuda"))  # capturing does not run it; replay does
+
+
+def test_autotuning_runs_in_the_build_so_the_first_call_benchmarks_nothing(monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from triton.runtime.autotuner import Autotuner
+
+    from demo_ops import _matmul_kernel, matmul
+
+    _matmul_kernel.cache.clear()
+    x = torch.randn(200, 256, device="cuda", dtype=torch.float16)
+    b = torch.randn(256, 384, device="cuda", dtype=torch.float16) / 16
+    with build_pass("warmup"):
+        matmul(x, b)
+    tuned = [build for build, *_ in buildops._builder.current_builder().history() if "autotune" in build.label]
+    assert len(tuned) == 9 and report().total("failed") == 0  # M = 1, 2, 4, ..., 128, 200
+    benches = []
+    original = Autotuner._bench
+    monkeypatch.setattr(Autotuner, "_bench", lambda self, *a, **k: benches.append(1) or original(self, *a, **k))
+    with settings.scope(late_compile="error"):
+        for rows in (200, 128, 1):
+            torch.testing.assert_close(matmul(x[:rows], b), (x[:rows].float() @ b.float()).half(), atol=5e-2,
+                                       rtol=2e-2)
+    assert benches == [] and late_compiles() == []

@@ -127,6 +127,15 @@ def test_replay_builds_every_autotune_config_left_by_pruning(fresh_triton):
     assert len(fresh_triton) == 5  # ... finds every config built
 
 
+def test_builds_for_lists_from_meta_tensors_without_a_pass(fresh_triton):
+    x = torch.empty(40, 100, device="meta")
+    builds = K.double_rows.builds_for(x)  # what a family does: shapes known, no data, no pass
+    with record_listings() as rec:
+        K.double_rows(torch.ones(40, 100))
+    assert [b.key for b in builds] == rec.keys("double_rows")
+    assert buildops.report().total("listed") == 0 and fresh_triton == []  # returned, not queued or compiled
+
+
 def test_replay_of_host_code_that_needs_data_says_what_to_do():
     with pytest.raises(buildops.SpecError, match=r"replay of data_dependent at \{'x.0': 1\} failed: .*"
                                                  r"register a lister with @data_dependent.lister, or decorate"):

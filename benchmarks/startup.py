@@ -1,0 +1,133 @@
+"""Startup of examples/tiny_llm: time from launch to ready-to-serve, and first-request latency, started
+
+    (a) lazy      load, then serve: kernels compile (and autotune) in the first requests
+    (b) warmup    load, then the warmup forwards for real, one compile after another
+    (c) buildops  rehearsal overlapped with the load
+    (d) buildops  again, with the Triton cache (c) left: a restart
+
+each in a fresh process with an empty Triton cache (except (d)), in one run. A serial build ((c) with one builder
+thread and no worker processes) gives the build time the goal divides by the cores. With ``--ranks 2`` (a machine
+with 2 GPUs) it also starts 2 ranks of (c) at once on one node, sharing the Triton cache, with and without
+buildops' node locks, and reports the node's CPU seconds and the time until both are ready.
+
+    python3 benchmarks/startup.py [--size base] [--ranks 2]
+
+Run from the repository root. The checkpoint is made once, before anything is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start(how: str, size: str, checkpoint: Path, cache: Path, work: Path, env: dict | None = None,
+          device: str | None = None) -> subprocess.Popen:
+    out = work / f"{how}-{time.monotonic_ns()}.json"
+    environ = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT),
+                   BUILDOPS_NODE_LOCKS=str(work / f"locks-{out.stem}"))
+    environ.update(env or {})
+    if device is not None:
+        environ["CUDA_VISIBLE_DEVICES"] = device
+    command = [sys.executable, "-m", "examples.tiny_llm", "--start", how, "--size", size,
+               "--checkpoint", str(checkpoint), "--json", str(out)]
+    process = subprocess.Popen(command, env=environ, cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=open(work / f"{out.stem}.log", "w"))
+    process.result_path = out  # type: ignore[attr-defined]
+    return process
+
+
+def finish(process: subprocess.Popen) -> dict:
+    if process.wait() != 0:
+        log = Path(str(process.result_path).replace(".json", ".log")).read_text()  # type: ignore[attr-defined]
+        raise SystemExit(f"a start failed:\n{log[-4000:]}")
+    return json.loads(process.result_path.read_text())  # type: ignore[attr-defined]
+
+
+def run(how: str, *args, **kwargs) -> dict:
+    return finish(start(how, *args, **kwargs))
+
+
+def phase(result: dict, name: str) -> float:
+    return sum(seconds for phase_name, seconds in result["phases"] if phase_name.endswith(name))
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="base")
+    parser.add_argument("--ranks", type=int, default=1, help="also start this many ranks at once (one GPU each)")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="buildops-startup-"))
+    checkpoint = Path(tempfile.gettempdir()) / "buildops-tiny-llm" / f"{args.size}.safetensors"
+    if not checkpoint.exists():
+        sys.path.insert(0, str(ROOT))
+        from examples.tiny_llm.checkpoint import make_checkpoint
+        from examples.tiny_llm.model import SIZES
+        made = time.perf_counter()
+        make_checkpoint(checkpoint, SIZES[args.size])
+        print(f"made {checkpoint} ({checkpoint.stat().st_size / 1e9:.1f} GB) in {time.perf_counter() - made:.1f} s")
+    run("lazy", args.size, checkpoint, work / "cache-read", work)  # reads the checkpoint once: all see it cached
+
+    results = {}
+    for label, how, cache, env in (("(a) lazy", "lazy", "a", None), ("(b) warmup", "warmup", "b", None),
+                                   ("(c) buildops", "buildops", "c", None), ("(d) buildops, warm", "buildops", "c", None),
+                                   ("serial build", "buildops", "e", {"BUILDOPS_THREADS": "1",
+                                                                      "BUILDOPS_EXECUTOR": "threads"})):
+        results[label] = run(how, args.size, checkpoint, work / f"cache-{cache}", work, env)
+        print(f"{label}: ready {results[label]['ready_s']:.2f} s", flush=True)
+
+    cores = len(os.sched_getaffinity(0))
+    load = phase(results["(a) lazy"], "load")
+    build = results["serial build"]["build_seconds"]
+    bound = max(load, build / cores)
+    print(f"\n{args.size} model; {cores} cores; load {load:.2f} s; serial build {build:.2f} s "
+          f"(build / cores {build / cores:.2f} s)")
+    print(f"{'start':20} {'ready s':>8} {'after create s':>14} {'first req ms':>12} {'steady ms':>9} "
+          f"{'compiles serving':>16} {'late':>4}")
+    tokens = results["(a) lazy"]["tokens"]
+    for label, r in results.items():
+        if label == "serial build":
+            continue
+        after_create = r["ready_s"] - r["imports_s"] - phase(r, "create model")
+        print(f"{label:20} {r['ready_s']:8.2f} {after_create:14.2f} {r['first_request_s'] * 1e3:12.1f} "
+              f"{r['steady_request_s'] * 1e3:9.1f} {len(r['serving_compiles']):16d} {r['late_compiles']:4d}")
+        assert r["tokens"] == tokens, f"{label}: other tokens than a lazy start"
+    b, c = results["(b) warmup"], results["(c) buildops"]
+    c_after_create = c["ready_s"] - c["imports_s"] - phase(c, "create model")
+    print(f"ready (c)/(b) = {c['ready_s'] / b['ready_s']:.2f}; (c) after create {c_after_create:.2f} s against "
+          f"max(load, build/cores) + 10% = {1.1 * bound:.2f} s; first request (c)/steady = "
+          f"{c['first_request_s'] / c['steady_request_s']:.2f}; tokens identical in every start; logits within "
+          f"{max(r['reference_error'] for r in results.values()):.1e} of torch")
+
+    if args.ranks > 1:
+        print(f"\n{args.ranks} ranks of (c) at once, one GPU each, one shared Triton cache:")
+        print(f"{'node locks':12} {'all ready s':>11} {'node CPU s':>10} {'late':>4}")
+        for label, env in (("off", {"BUILDOPS_NODE_LOCKS": "off"}), ("on", {})):
+            cache, locks = work / f"cache-ranks-{label}", work / f"locks-ranks-{label}"
+            env = {"BUILDOPS_NODE_LOCKS": str(locks), **env}
+            cpu = children_cpu()
+            began = time.perf_counter()
+            ranks = [start("buildops", args.size, checkpoint, cache, work, env, device=str(rank))
+                     for rank in range(args.ranks)]
+            done = [finish(rank) for rank in ranks]
+            ready = max(r["ready_s"] for r in done)
+            print(f"{label:12} {ready:11.2f} {children_cpu() - cpu:10.1f} {sum(r['late_compiles'] for r in done):4d}"
+                  f"   (wall incl. serving {time.perf_counter() - began:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

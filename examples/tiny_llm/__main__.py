@@ -1,0 +1,154 @@
+"""Start the tiny LLM one of three ways, then serve a few greedy requests; the log names each phase.
+
+    python -m examples.tiny_llm [--start buildops|warmup|lazy] [--size base|small] [--checkpoint PATH]
+
+    buildops  create the model (its GEMM builds queue at once) -> dummy weights -> rehearsal (a context batch at
+              the maximum token count, one decode step) -> load the checkpoint while the builds run ->
+              join the GPU builds -> serve
+    warmup    create -> load -> the same two forwards for real, one kernel compile after another -> serve
+    lazy      create -> load -> serve (every kernel compiles in the first requests)
+
+Run from the repository root. ``--json FILE`` writes the timings, the tokens and the compiles seen while serving,
+for ``benchmarks/startup.py``; the checkpoint is made first if it does not exist.
+"""
+
+from __future__ import annotations
+
+import time
+
+LAUNCHED = time.perf_counter()  # before the imports: they are part of a start
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+import buildops  # noqa: E402
+from buildops.startup import phase, phases, rehearse_then_load  # noqa: E402
+
+from .checkpoint import load_checkpoint, make_checkpoint  # noqa: E402
+from .family import TinyLlmGemms  # noqa: E402
+from .model import SIZES, TinyLlm, reference_logits  # noqa: E402
+
+PROMPT_LENGTHS = (23, 100, 7, 61)  # none a power of two: serving sees token counts a rehearsal never ran
+logger = logging.getLogger("tiny_llm")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--start", choices=("buildops", "warmup", "lazy"), default="buildops")
+    parser.add_argument("--size", choices=sorted(SIZES), default="base")
+    parser.add_argument("--checkpoint", help="safetensors file (default: <tmp>/buildops-tiny-llm/<size>.safetensors)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--json", help="write the results here")
+    return parser.parse_args()
+
+
+def prompts(config) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randint(config.vocab, (min(n, config.max_tokens),), generator=generator).tolist()
+            for n in PROMPT_LENGTHS]
+
+
+def start(how: str, model_config, checkpoint: Path, device: str) -> TinyLlm:
+    if how == "buildops":
+        with phase("create model"):
+            model = TinyLlm(model_config, device)
+            buildops.register_family(TinyLlmGemms())
+            buildops.model_created(model, model_config)
+        with phase("dummy weights"):
+            model.dummy_weights()
+        rehearse_then_load(model.rehearse, lambda: load_checkpoint(model, checkpoint))
+        return model
+    with phase("create model"):
+        model = TinyLlm(model_config, device)
+    with phase("load"):
+        load_checkpoint(model, checkpoint)
+    if how == "warmup":
+        with phase("warmup forwards"):
+            model.rehearse()
+            synchronize(model.device)
+    return model
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def count_compiles() -> list[str]:
+    """From now on, every Triton compile (or disk-cache load) in this process is appended to the list."""
+    from triton import knobs
+
+    seen: list[str] = []
+    previous = knobs.runtime.jit_post_compile_hook
+
+    def hook(**kwargs):
+        seen.append(kwargs["fn"].name)
+        return previous(**kwargs) if previous is not None else None
+
+    knobs.runtime.jit_post_compile_hook = hook
+    return seen
+
+
+def main() -> None:
+    args = parse_args()
+    launched = LAUNCHED
+    imported = time.perf_counter() - launched
+    logging.basicConfig(level=logging.INFO, format="%(relativeCreated)8.0f ms  %(message)s")
+    config = SIZES[args.size]
+    checkpoint = Path(args.checkpoint or Path(tempfile.gettempdir()) / "buildops-tiny-llm" / f"{args.size}.safetensors")
+    if not checkpoint.exists():
+        started = time.perf_counter()
+        make_checkpoint(checkpoint, config)
+        made = time.perf_counter() - started
+        logger.info("made %s (%.1f GB) in %.1f s", checkpoint, checkpoint.stat().st_size / 1e9, made)
+        launched += made  # making the checkpoint is not part of a start
+
+    model = start(args.start, config, checkpoint, args.device)
+    synchronize(model.device)
+    ready = time.perf_counter() - launched
+    logger.info("ready to serve after %.2f s (%s start)", ready, args.start)
+
+    compiles = count_compiles()
+    requests = prompts(config)
+    latencies, tokens = [], []
+    for prompt in requests:
+        begun = time.perf_counter()
+        tokens.append(model.generate(prompt, args.new_tokens))
+        latencies.append(time.perf_counter() - begun)
+        logger.info("request of %d tokens: %.1f ms, %s", len(prompt), latencies[-1] * 1e3, tokens[-1])
+    serving_compiles = list(compiles)
+    steady = []
+    for _ in range(3):  # the first request again, with everything compiled and tuned: the steady state
+        begun = time.perf_counter()
+        model.generate(requests[0], args.new_tokens)
+        steady.append(time.perf_counter() - begun)
+
+    ids = torch.tensor(requests[0], dtype=torch.int32, device=model.device)
+    expected = reference_logits(model, ids)
+    error = ((model(ids, 0) - expected).abs().max() / expected.abs().max()).item()
+    logger.info("first request %.1f ms, steady %.1f ms; %d compile(s) while serving; logits within %.1e of torch",
+                latencies[0] * 1e3, min(steady) * 1e3, len(serving_compiles), error)
+    if args.start == "buildops":
+        logger.info("buildops report:\n%s", buildops.report().format())
+    result = {
+        "start": args.start, "ready_s": ready, "imports_s": imported, "phases": phases(),
+        "first_request_s": latencies[0],
+        "request_s": latencies, "steady_request_s": min(steady), "serving_compiles": serving_compiles,
+        "late_compiles": len(buildops.late_compiles()), "tokens": tokens, "reference_error": error,
+        "builds": buildops.report().total("built"), "build_failures": buildops.report().total("failed"),
+        "build_seconds": buildops.report().total("build_seconds"),
+        "pid_cpu_s": time.process_time(),
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(result))
+    buildops.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The tiny LLM example (examples/tiny_llm) on the CPU: its kernels' math, what its startup lists and builds, and
+its checkpoint. Its GPU startup is measured by benchmarks/startup.py."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import buildops
+from buildops.testing import record_listings
+
+pytest.importorskip("triton")
+pytest.importorskip("safetensors")
+
+from examples.tiny_llm.checkpoint import load_checkpoint, make_checkpoint  # noqa: E402
+from examples.tiny_llm.family import TinyLlmGemms  # noqa: E402
+from examples.tiny_llm.model import SIZES, TinyLlm  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = SIZES["small"]
+
+
+def small_model():
+    model = TinyLlm(SMALL, "cpu")
+    model.dummy_weights()
+    return model
+
+
+def test_kernels_match_torch_in_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "tiny_llm_interpreted.py")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["error"] < 1e-4
+    assert result["tokens"] == result["reference"]  # prefill, then decode steps over the KV cache
+
+
+def test_the_rehearsal_lists_every_kernel_at_odd_and_aligned_token_counts():
+    with record_listings() as rec:
+        small_model().rehearse()
+    assert set(rec.ops()) == {"embedding", "rmsnorm", "add_rmsnorm", "matmul", "rope", "silu_mul",
+                              "context_attention", "decode_attention"}
+    context_sizes = {d["x.0"] for d in rec.dims("context_attention")}
+    assert {1, 3, 7, 15, 16, 31, 32, 63, 64} <= context_sizes  # both divisibility variants of every bucket
+    keys = {b.key for op in rec.ops() for listing in rec.of(op) for b in listing.builds if b.library == "triton"}
+    assert len(keys) == 23  # distinct kernel variants: the matmul alone gives 14 (configs x M buckets/classes)
+    family = {b.key for b in TinyLlmGemms().builds(small_model(), SMALL)}
+    assert family and family <= keys  # the family queues, from the config alone, GEMMs the rehearsal lists too
+
+
+def test_a_build_pass_compiles_every_kernel_and_nothing_compiles_late(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    with buildops.build_pass("warmup"):
+        small_model().rehearse()
+    report = buildops.report()
+    assert report.total("failed") == 0 and report.coverage()["triton"] == (23, 0)
+
+
+def test_checkpoint_round_trip_and_a_clear_error_for_another_size(tmp_path):
+    path = make_checkpoint(tmp_path / "small.safetensors", SMALL)
+    model = TinyLlm(SMALL, "cpu")
+    assert load_checkpoint(model, path) == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert torch.equal(model.norm, torch.ones_like(model.norm)) and model.embed.float().std() > 0.5
+    assert not list(tmp_path.glob("*.partial"))
+    other = TinyLlm(dataclasses.replace(SMALL, hidden=256), "cpu")
+    with pytest.raises(ValueError, match="embed has shape .* another size"):
+        load_checkpoint(other, path)
