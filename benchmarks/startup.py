@@ -5,12 +5,13 @@
     (c) buildops  rehearsal overlapped with the load
     (d) buildops  again, with the Triton cache (c) left: a restart
 
-each in a fresh process with an empty Triton cache (except (d)), in one run. A serial build ((c) with one builder
+each in a fresh process with an empty Triton cache (except (d)), reading the checkpoint from disk (its pages are
+dropped from the page cache before each start), in one run. A serial build ((c) with one builder
 thread and no worker processes) gives the build time the goal divides by the cores. With ``--ranks 2`` (a machine
 with 2 GPUs) it also starts 2 ranks of (c) at once on one node, sharing the Triton cache, with and without
 buildops' node locks, and reports the node's CPU seconds and the time until both are ready.
 
-    python3 benchmarks/startup.py [--size base] [--ranks 2]
+    python3 benchmarks/startup.py [--size base] [--ranks 2] [--variants]
 
 Run from the repository root. The checkpoint is made once, before anything is timed.
 """
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def start(how: str, size: str, checkpoint: Path, cache: Path, work: Path, env: dict | None = None,
-          device: str | None = None) -> subprocess.Popen:
+          device: str | None = None, extra: tuple = ()) -> subprocess.Popen:
     out = work / f"{how}-{time.monotonic_ns()}.json"
     environ = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT),
                    BUILDOPS_NODE_LOCKS=str(work / f"locks-{out.stem}"))
@@ -39,7 +40,7 @@ def start(how: str, size: str, checkpoint: Path, cache: Path, work: Path, env: d
     if device is not None:
         environ["CUDA_VISIBLE_DEVICES"] = device
     command = [sys.executable, "-m", "examples.tiny_llm", "--start", how, "--size", size,
-               "--checkpoint", str(checkpoint), "--json", str(out)]
+               "--checkpoint", str(checkpoint), "--json", str(out), *extra]
     process = subprocess.Popen(command, env=environ, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=open(work / f"{out.stem}.log", "w"))
     process.result_path = out  # type: ignore[attr-defined]
@@ -53,8 +54,19 @@ def finish(process: subprocess.Popen) -> dict:
     return json.loads(process.result_path.read_text())  # type: ignore[attr-defined]
 
 
-def run(how: str, *args, **kwargs) -> dict:
-    return finish(start(how, *args, **kwargs))
+def run(how: str, size: str, checkpoint: Path, *args, **kwargs) -> dict:
+    drop_from_page_cache(checkpoint)
+    return finish(start(how, size, checkpoint, *args, **kwargs))
+
+
+def drop_from_page_cache(path: Path) -> None:
+    """Make the next start read the checkpoint from disk, as a server's first start does (no root needed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages are not dropped
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def phase(result: dict, name: str) -> float:
@@ -70,6 +82,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="base")
     parser.add_argument("--ranks", type=int, default=1, help="also start this many ranks at once (one GPU each)")
+    parser.add_argument("--variants", action="store_true",
+                        help="also (c) on threads only, on processes only, and without the model's GEMM family")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="buildops-startup-"))
     checkpoint = Path(tempfile.gettempdir()) / "buildops-tiny-llm" / f"{args.size}.safetensors"
@@ -80,31 +94,36 @@ def main() -> None:
         made = time.perf_counter()
         make_checkpoint(checkpoint, SIZES[args.size])
         print(f"made {checkpoint} ({checkpoint.stat().st_size / 1e9:.1f} GB) in {time.perf_counter() - made:.1f} s")
-    run("lazy", args.size, checkpoint, work / "cache-read", work)  # reads the checkpoint once: all see it cached
 
     results = {}
-    for label, how, cache, env in (("(a) lazy", "lazy", "a", None), ("(b) warmup", "warmup", "b", None),
-                                   ("(c) buildops", "buildops", "c", None), ("(d) buildops, warm", "buildops", "c", None),
-                                   ("serial build", "buildops", "e", {"BUILDOPS_THREADS": "1",
-                                                                      "BUILDOPS_EXECUTOR": "threads"})):
-        results[label] = run(how, args.size, checkpoint, work / f"cache-{cache}", work, env)
+    starts = [("(a) lazy", "lazy", "a", None, ()), ("(b) warmup", "warmup", "b", None, ()),
+              ("(c) buildops", "buildops", "c", None, ()), ("(d) buildops, warm", "buildops", "c", None, ()),
+              ("serial build", "buildops", "e", {"BUILDOPS_THREADS": "1", "BUILDOPS_EXECUTOR": "threads"}, ())]
+    if args.variants:  # what the default is made of: the executor, the family
+        starts += [("(c) threads", "buildops", "f", {"BUILDOPS_EXECUTOR": "threads"}, ()),
+                   ("(c) processes", "buildops", "g", {"BUILDOPS_EXECUTOR": "processes"}, ()),
+                   ("(c) no family", "buildops", "h", None, ("--no-family",))]
+    for label, how, cache, env, extra in starts:
+        results[label] = run(how, args.size, checkpoint, work / f"cache-{cache}", work, env, extra=extra)
         print(f"{label}: ready {results[label]['ready_s']:.2f} s", flush=True)
 
     cores = len(os.sched_getaffinity(0))
     load = phase(results["(a) lazy"], "load")
     build = results["serial build"]["build_seconds"]
     bound = max(load, build / cores)
-    print(f"\n{args.size} model; {cores} cores; load {load:.2f} s; serial build {build:.2f} s "
-          f"(build / cores {build / cores:.2f} s)")
-    print(f"{'start':20} {'ready s':>8} {'after create s':>14} {'first req ms':>12} {'steady ms':>9} "
-          f"{'compiles serving':>16} {'late':>4}")
+    tune = results["serial build"]["tune_seconds"]
+    print(f"\n{args.size} model; {cores} cores; load {load:.2f} s; serial build {build:.2f} s, of which "
+          f"autotuning {tune:.2f} s (build / cores {build / cores:.2f} s)")
+    print(f"{'start':20} {'ready s':>8} {'after create s':>14} {'load s':>6} {'first req ms':>12} {'steady ms':>9} "
+          f"{'compiles serving':>16} {'tunes serving':>13} {'late':>4}")
     tokens = results["(a) lazy"]["tokens"]
     for label, r in results.items():
         if label == "serial build":
             continue
         after_create = r["ready_s"] - r["imports_s"] - phase(r, "create model")
-        print(f"{label:20} {r['ready_s']:8.2f} {after_create:14.2f} {r['first_request_s'] * 1e3:12.1f} "
-              f"{r['steady_request_s'] * 1e3:9.1f} {len(r['serving_compiles']):16d} {r['late_compiles']:4d}")
+        print(f"{label:20} {r['ready_s']:8.2f} {after_create:14.2f} {phase(r, 'load'):6.2f} "
+              f"{r['first_request_s'] * 1e3:12.1f} {r['steady_request_s'] * 1e3:9.1f} "
+              f"{len(r['serving_compiles']):16d} {r['tuned_while_serving']:13d} {r['late_compiles']:4d}")
         assert r["tokens"] == tokens, f"{label}: other tokens than a lazy start"
     b, c = results["(b) warmup"], results["(c) buildops"]
     c_after_create = c["ready_s"] - c["imports_s"] - phase(c, "create model")
@@ -121,6 +140,7 @@ def main() -> None:
             env = {"BUILDOPS_NODE_LOCKS": str(locks), **env}
             cpu = children_cpu()
             began = time.perf_counter()
+            drop_from_page_cache(checkpoint)
             ranks = [start("buildops", args.size, checkpoint, cache, work, env, device=str(rank))
                      for rank in range(args.ranks)]
             done = [finish(rank) for rank in ranks]

@@ -29,6 +29,7 @@ import torch  # noqa: E402
 import buildops  # noqa: E402
 from buildops.startup import phase, phases, rehearse_then_load  # noqa: E402
 
+from . import kernels as K  # noqa: E402
 from .checkpoint import load_checkpoint, make_checkpoint  # noqa: E402
 from .family import TinyLlmGemms  # noqa: E402
 from .model import SIZES, TinyLlm, reference_logits  # noqa: E402
@@ -44,6 +45,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint", help="safetensors file (default: <tmp>/buildops-tiny-llm/<size>.safetensors)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--no-family", action="store_true",
+                        help="buildops start without the GEMM family: the rehearsal lists everything")
     parser.add_argument("--json", help="write the results here")
     return parser.parse_args()
 
@@ -54,12 +57,13 @@ def prompts(config) -> list[list[int]]:
             for n in PROMPT_LENGTHS]
 
 
-def start(how: str, model_config, checkpoint: Path, device: str) -> TinyLlm:
+def start(how: str, model_config, checkpoint: Path, device: str, family: bool = True) -> TinyLlm:
     if how == "buildops":
         with phase("create model"):
             model = TinyLlm(model_config, device)
-            buildops.register_family(TinyLlmGemms())
-            buildops.model_created(model, model_config)
+            if family:
+                buildops.register_family(TinyLlmGemms())
+                buildops.model_created(model, model_config)
         with phase("dummy weights"):
             model.dummy_weights()
         rehearse_then_load(model.rehearse, lambda: load_checkpoint(model, checkpoint))
@@ -95,6 +99,13 @@ def count_compiles() -> list[str]:
     return seen
 
 
+def tune_seconds() -> float:
+    """Seconds the builds spent autotuning (the rest of ``build_seconds`` is compiling)."""
+    builder = buildops._builder.current_builder()
+    history = builder.history() if builder is not None else []
+    return sum(seconds for build, _state, seconds, _error in history if build.label.startswith("autotune"))
+
+
 def main() -> None:
     args = parse_args()
     launched = LAUNCHED
@@ -109,12 +120,13 @@ def main() -> None:
         logger.info("made %s (%.1f GB) in %.1f s", checkpoint, checkpoint.stat().st_size / 1e9, made)
         launched += made  # making the checkpoint is not part of a start
 
-    model = start(args.start, config, checkpoint, args.device)
+    model = start(args.start, config, checkpoint, args.device, family=not args.no_family)
     synchronize(model.device)
     ready = time.perf_counter() - launched
     logger.info("ready to serve after %.2f s (%s start)", ready, args.start)
 
     compiles = count_compiles()
+    tuned_before = set(K._matmul_kernel.cache)
     requests = prompts(config)
     latencies, tokens = [], []
     for prompt in requests:
@@ -123,6 +135,7 @@ def main() -> None:
         latencies.append(time.perf_counter() - begun)
         logger.info("request of %d tokens: %.1f ms, %s", len(prompt), latencies[-1] * 1e3, tokens[-1])
     serving_compiles = list(compiles)
+    tuned_while_serving = len(set(K._matmul_kernel.cache) - tuned_before)  # autotuning on first use
     steady = []
     for _ in range(3):  # the first request again, with everything compiled and tuned: the steady state
         begun = time.perf_counter()
@@ -132,8 +145,9 @@ def main() -> None:
     ids = torch.tensor(requests[0], dtype=torch.int32, device=model.device)
     expected = reference_logits(model, ids)
     error = ((model(ids, 0) - expected).abs().max() / expected.abs().max()).item()
-    logger.info("first request %.1f ms, steady %.1f ms; %d compile(s) while serving; logits within %.1e of torch",
-                latencies[0] * 1e3, min(steady) * 1e3, len(serving_compiles), error)
+    logger.info("first request %.1f ms, steady %.1f ms; %d compile(s) and %d autotuning(s) while serving; logits "
+                "within %.1e of torch", latencies[0] * 1e3, min(steady) * 1e3, len(serving_compiles),
+                tuned_while_serving, error)
     if args.start == "buildops":
         logger.info("buildops report:\n%s", buildops.report().format())
     result = {
@@ -143,7 +157,8 @@ def main() -> None:
         "late_compiles": len(buildops.late_compiles()), "tokens": tokens, "reference_error": error,
         "builds": buildops.report().total("built"), "build_failures": buildops.report().total("failed"),
         "build_seconds": buildops.report().total("build_seconds"),
-        "pid_cpu_s": time.process_time(),
+        "tune_seconds": tune_seconds(), "tuned_while_serving": tuned_while_serving,
+        "tuned": {str(key): str(config) for key, config in K._matmul_kernel.cache.items()},
     }
     if args.json:
         Path(args.json).write_text(json.dumps(result))

@@ -102,7 +102,7 @@ def _prune_tall_tiles(configs, named_args, **kwargs):
 
 def _quick_bench(fn, quantiles):
     # Short timing windows: tuning runs once per (bucket, N, K), and a startup pays for all of them.
-    return triton.testing.do_bench(fn, warmup=1, rep=5, quantiles=quantiles)
+    return triton.testing.do_bench(fn, warmup=2, rep=10, quantiles=quantiles)
 
 
 @triton.autotune(configs=_matmul_configs(), key=["M_BUCKET", "N", "K"],
