@@ -4,8 +4,9 @@ Concurrency model:
   * One lock guards the builder's tables (records by key, per-op statistics). Nothing is built while it is held.
   * ``submit`` dedups by build key: a key queued, building or built returns the future it already has; a key
     whose build was cancelled may be submitted again.
-  * Workers take records off a queue in submission order, except that a build of a lower ``order`` goes first
-    (autotuning, which times compiled kernels, waits behind the compiles). A record whose future was cancelled before a worker reached it is
+  * Workers take records off a FIFO queue. Builds marked ``serial`` (autotuning, which times kernels on the GPU)
+    go to a queue of their own with one worker, so they run one at a time, in order, beside the compiles and
+    without holding the compile workers. A serial build may wait for normal builds, never the reverse. A record whose future was cancelled before a worker reached it is
     skipped (``Future.set_running_or_notify_cancel``), so a cancelled build never runs.
   * A build that raises is marked failed, logged once with its traceback and counted; its future holds the
     exception, which buildops never re-raises into an op's call: the op compiles on first use instead.
@@ -17,9 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
-import itertools
 import logging
-import math
 import os
 import queue
 import sys
@@ -57,7 +56,7 @@ class Build:
     label: str = ""
     library: str = ""  # "triton", "flashinfer", ...: what the report counts its coverage by
     shared: bool = True  # built once per node: other processes wait, then find it in the library's disk cache
-    order: int = 0  # workers take queued builds of a lower order first (autotuning, 1, follows the compiles it times)
+    serial: bool = False  # one at a time, in order, on the builder's serial worker (builds that time GPU work)
 
     def describe(self) -> str:
         return self.label or repr(self.key)
@@ -100,9 +99,9 @@ class Builder:
     def __init__(self, threads: int | None = None) -> None:
         self.threads = threads if threads is not None else settings.threads
         self._lock = threading.Lock()
-        # (order, submission number, record); a stop sentinel (inf, n, None) sorts after every build
-        self._queue: queue.PriorityQueue[tuple[float, int, _Record | None]] = queue.PriorityQueue()
-        self._submitted = itertools.count()
+        self._queue: queue.SimpleQueue[_Record | None] = queue.SimpleQueue()
+        self._serial_queue: queue.SimpleQueue[_Record | None] = queue.SimpleQueue()
+        self._serial_worker: threading.Thread | None = None
         self._records: dict[Hashable, _Record] = {}
         self._history: list[_Record] = []  # every record ever made, cancelled ones included, for reports
         self._stats: dict[str, OpStats] = {}
@@ -132,30 +131,33 @@ class Builder:
                 install_guard()
             self._records[build.key] = record
             self._history.append(record)
-            if len(self._workers) < self.threads:
+            if build.serial:
+                if self._serial_worker is None:
+                    self._serial_worker = threading.Thread(target=self._work, args=(self._serial_queue,),
+                                                           name="buildops-serial", daemon=True)
+                    self._serial_worker.start()
+            elif len(self._workers) < self.threads:
                 self._start_worker()
-        self._put(record)
+        (self._serial_queue if build.serial else self._queue).put(record)
         return record.future
 
-    def _put(self, record: _Record) -> None:
-        self._queue.put((record.build.order, next(self._submitted), record))
-
     def _start_worker(self) -> None:
-        thread = threading.Thread(target=self._work, name=f"buildops-worker-{len(self._workers)}", daemon=True)
+        thread = threading.Thread(target=self._work, args=(self._queue,), name=f"buildops-worker-{len(self._workers)}",
+                                  daemon=True)
         self._workers.append(thread)
         thread.start()
 
-    def _work(self) -> None:
+    def _work(self, source: queue.SimpleQueue) -> None:
         _thread_role.builder = True
         while True:
-            _order, _n, record = self._queue.get()
+            record = source.get()
             if record is None:
                 return
             claim = None
             if self._claims is not None and record.build.shared and not record.future.cancelled():
                 claim = self._claims.try_claim(record.build.key, wait=0.05)
                 if claim is None:  # another process of this node is building it: build something else first
-                    self._put(record)
+                    source.put(record)
                     continue
             try:
                 self._run(record)
@@ -329,8 +331,12 @@ class Builder:
                     self._stats.setdefault(record.build.op, OpStats()).cancelled += 1
                     del self._records[key]
             workers = list(self._workers)
+            serial = self._serial_worker
         for _ in workers:
-            self._queue.put((math.inf, next(self._submitted), None))
+            self._queue.put(None)
+        if serial is not None:
+            self._serial_queue.put(None)
+            workers.append(serial)
         if wait:
             for thread in workers:
                 if thread is not threading.current_thread():

@@ -385,7 +385,7 @@ def _tune_build(op: str, tuner: Autotuner, args: tuple, kwargs: dict, compiles: 
     jit = _inner_jit(tuner)
     return Build(op, ("triton-autotune", _kernel_name(jit), jit.cache_key, key, target()),
                  _TuneRun(tuner, layouts, kwargs, compiles, driver.active.get_current_device()), uses_gpu=True,
-                 label=f"autotune {jit.fn.__name__}{list(key)}", shared=False, order=1)
+                 label=f"autotune {jit.fn.__name__}{list(key)}", shared=False, serial=True)
 
 
 class _TuneRun:
@@ -394,9 +394,11 @@ class _TuneRun:
     times nothing. Timings on zeros are what they are for GEMM-like kernels; a kernel whose speed depends on
     its data should not be tuned this way (``BUILDOPS_AUTOTUNE=0``).
 
-    Workers take it after every compile build queued (``order=1``); it first waits for the configs' compiles
-    that other workers are still running, and tunes one launch at a time: tunes running together would time each
-    other. With the tuner's ``cache_results``, Triton keeps the choice on disk and a restart times nothing.
+    It runs on the builder's serial worker (``serial=True``): one tune at a time, since tunes running together
+    would time each other, and never holding a compile worker. It first waits for its configs' compile builds
+    (those only wait for compile workers, so this cannot deadlock); one that does not finish in time is left to
+    the tuner, which compiles what it lacks. With the tuner's ``cache_results``, Triton keeps the choice on disk
+    and a restart times nothing.
     """
 
     def __init__(self, tuner: Autotuner, layouts: tuple, kwargs: dict, compiles: list, device: int) -> None:
@@ -405,8 +407,8 @@ class _TuneRun:
 
     def __call__(self) -> Any:
         builder = current_builder()
-        running = [f for f in (builder.future(k) for k in self.compiles) if f is not None and f.running()]
-        concurrent.futures.wait(running)
+        compiles = [f for f in (builder.future(k) for k in self.compiles) if f is not None]
+        concurrent.futures.wait(compiles, timeout=COMPILE_WAIT_SECONDS)
         tensors = [a for a in self.layouts if isinstance(a, _Layout)]
 
         def make() -> tuple:
@@ -418,13 +420,13 @@ class _TuneRun:
             _original_autotuner_run(self.tuner, *operands, **self.kwargs)
             chosen.append(self.tuner.best_config)
 
-        with _tune_lock:
-            run_admitted(self.device, sum(t.nbytes for t in tensors), make, tune,
-                         f"autotuning of {self.tuner.base_fn.__name__}")
+        run_admitted(self.device, sum(t.nbytes for t in tensors), make, tune,
+                     f"autotuning of {self.tuner.base_fn.__name__}")
         return chosen[0]
 
 
-_tune_lock = threading.Lock()
+# A compile build another process of the node holds a claim on can wait long: past this, the tune goes ahead.
+COMPILE_WAIT_SECONDS = 120.0
 
 
 @contextlib.contextmanager

@@ -27,19 +27,21 @@ def test_submit_dedups_by_key_in_every_state(runs):
         builder.shutdown()
 
 
-def test_a_lower_order_goes_first_then_submission_order(runs):
+def test_serial_builds_run_one_at_a_time_in_order_beside_the_others(runs):
     builder = Builder(threads=1)
     try:
         gate = threading.Event()
-        builder.submit(runs.build("op", "held", gate=gate))
+        first = builder.submit(replace(runs.build("op", "tune-1", gate=gate), serial=True))
+        second = builder.submit(replace(runs.build("op", "tune-2"), serial=True))
         assert runs.started.wait(WAIT)
-        for key, order in (("tune-1", 1), ("compile-1", 0), ("tune-2", 1), ("compile-2", 0)):
-            builder.submit(replace(runs.build("op", key), order=order))
+        assert builder.submit(runs.build("op", "compile")).result(WAIT) == "compile"  # not held behind tune-1
+        assert not second.done()
         gate.set()
-        assert builder.join(timeout=WAIT)
-        assert runs.calls == ["held", "compile-1", "compile-2", "tune-1", "tune-2"]
+        assert (first.result(WAIT), second.result(WAIT)) == ("tune-1", "tune-2")
+        assert runs.calls == ["tune-1", "compile", "tune-2"]
     finally:
         builder.shutdown()
+    assert builder._serial_worker is not None and not builder._serial_worker.is_alive()
 
 
 def test_worker_count_follows_the_setting(runs):
