@@ -1,15 +1,25 @@
 """Listing by replay: run an op's own host code at a swept shape on fake tensors, with kernel launches recorded.
 
-The list then comes from the code that will run, so it cannot drift from it. Fake tensors (``FakeTensorMode``)
-keep shapes, dtypes, devices and strides but hold no memory and run no kernels; launches of Triton kernels are
+The list then comes from the code that will run, so it cannot drift from it. Launches of Triton kernels are
 recorded as builds by :func:`buildops.triton.recording`. Host code that needs real values (``.item()``, data-
 dependent shapes) cannot be replayed: such an op registers a lister or uses ``@builds_by_running``.
+
+Two kinds of stand-in tensors, cheapest first:
+  * ``meta`` tensors (every tensor argument, weights included, with its shape, strides, offset and dtype): plain
+    torch, nothing to set up. Host code that reads a tensor's device (``x.is_cuda``, ``x.device.index``) or mixes
+    an argument with a tensor it holds elsewhere fails on them, or may take another branch and launch nothing.
+  * so when the meta run raises or records no launch, the host code runs again on fake tensors
+    (``FakeTensorMode``), which keep the real devices and accept real tensors held elsewhere. The first use of
+    ``FakeTensorMode`` in a process costs 1 s (measured on the CPU machine) to 5 s (on the GPU host) of torch's
+    own set-up, paid on a startup's critical path: the reason meta goes first.
+A launch recorded from either is the same build (see ``buildops.triton``: tensors become dtype and alignment).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 
 import torch
@@ -18,6 +28,8 @@ from ._builder import Build
 from ._specs import SpecError
 
 __all__ = ["ReplayError", "replay"]
+
+logger = logging.getLogger("buildops")
 
 
 class ReplayError(SpecError):
@@ -43,15 +55,49 @@ def _fake_arguments(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[
     return call
 
 
+def _meta(value: torch.Tensor, shape: list[int] | None = None) -> torch.Tensor:
+    """A meta tensor like ``value`` (same strides and offset), or a contiguous one of ``shape``."""
+    if shape is not None:
+        return torch.empty(shape, dtype=value.dtype, device="meta")
+    storage = torch.empty(value.untyped_storage().nbytes() // value.element_size(), dtype=value.dtype, device="meta")
+    return storage.as_strided(value.shape, value.stride(), value.storage_offset())
+
+
+def _meta_arguments(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]]) -> inspect.BoundArguments:
+    call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
+    for name, value in bound.arguments.items():
+        dims = shapes.get(name, {})
+        if -1 in dims:
+            call.arguments[name] = dims[-1]
+        elif isinstance(value, torch.Tensor):
+            shape = None
+            if dims:
+                shape = list(value.shape)
+                for dim, size in dims.items():
+                    shape[dim] = size
+            call.arguments[name] = _meta(value, shape)
+    return call
+
+
 def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]],
            dims: Mapping[str, int]) -> list[Build]:
-    """Run ``fn`` on fake versions of the call's arguments cut to one swept shape; return the launches as builds."""
+    """Run ``fn`` on meta (else fake) versions of the call's arguments cut to one swept shape; return the launches
+    as builds."""
     if importlib.util.find_spec("triton") is None:
         raise ReplayError(f"{op} has no lister, and listing by replay needs Triton, which is not installed: "
                           f"register a lister with @{op.split('.')[-1]}.lister")
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from .triton import recording
+
+    try:
+        call = _meta_arguments(bound, shapes)
+        with recording(op) as builds:
+            fn(*call.args, **call.kwargs)
+        if builds:
+            return builds
+    except Exception:  # the host code wants real devices: fake tensors have them
+        logger.debug("buildops: replay of %s on meta tensors failed; replaying on fake tensors", op, exc_info=True)
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)  # weights held by a module are real; that is fine
     call = _fake_arguments(bound, shapes, mode)

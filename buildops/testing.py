@@ -14,6 +14,7 @@ for the fixture a process with no builder, no pending builds and default setting
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -80,14 +81,18 @@ def record_listings(name: str = "record") -> ListingRecorder:
 
 
 def reset(timeout: float = 10.0) -> None:
-    """Forget the process's builder (cancel queued builds, stop its workers, drop every op's pending builds) and
-    the late compiles recorded so far; late-compile detection starts again after the next pass.
+    """Forget the process's builder (cancel queued builds, stop its workers, drop every op's pending builds), the
+    late compiles recorded so far and which ops listed which kernels; late-compile detection starts again after
+    the next pass.
 
     A build still running after ``timeout`` seconds is left to its (daemon) thread.
     """
     builder = current_builder()
     shutdown(wait=True, timeout=timeout)
     _late.reset()
+    triton_backend = sys.modules.get("buildops.triton")  # imported only by processes that use Triton
+    if triton_backend is not None:
+        triton_backend.forget_listed()
     if builder is not None and builder.busy:
         logger.warning("buildops.testing.reset: %d build(s) still running after %.0f s", builder.busy, timeout)
 

@@ -477,6 +477,12 @@ def _note_listed(kernel: str, op: str) -> None:
         _listed.setdefault(kernel, set()).add(op)
 
 
+def forget_listed() -> None:
+    """Forget which ops listed which kernels (``buildops.testing.reset``)."""
+    with _listed_lock:
+        _listed.clear()
+
+
 def _late_compile_hook(previous):
     def hook(**kwargs: Any) -> Any:
         result = previous(**kwargs) if previous is not None else None

@@ -31,6 +31,9 @@ def small_model():
     return model
 
 
+@pytest.mark.skipif(tuple(int(p) for p in __import__("triton").__version__.split(".")[:2]) < (3, 7),
+                    reason="Triton 3.6's interpreter fails on the matmul (a TypeError inside the interpreter); "
+                           "on a GPU, benchmarks/startup.py checks the compiled kernels against torch")
 def test_kernels_match_torch_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
@@ -50,7 +53,14 @@ def test_the_rehearsal_lists_every_kernel_at_odd_and_aligned_token_counts():
     context_sizes = {d["x.0"] for d in rec.dims("context_attention")}
     assert {1, 3, 7, 15, 16, 31, 32, 63, 64} <= context_sizes  # both divisibility variants of every bucket
     keys = {b.key for op in rec.ops() for listing in rec.of(op) for b in listing.builds if b.library == "triton"}
-    assert len(keys) == 23  # distinct kernel variants: the matmul alone gives 14 (configs x M buckets/classes)
+    counts = {}
+    for key in keys:
+        counts[key[1].rsplit(".", 1)[-1]] = counts.get(key[1].rsplit(".", 1)[-1], 0) + 1
+    # distinct kernel variants (Triton 3.7): the matmul gives 14 (configs x M buckets x M divisibility), the
+    # context attention 3 (its token count: 1, a multiple of 16, neither), every other kernel 1
+    assert counts == {"_matmul_kernel": 14, "_context_attention_kernel": 3, "_embedding_kernel": 1,
+                      "_rmsnorm_kernel": 2, "_rope_kernel": 1, "_silu_mul_kernel": 1, "_decode_attention_kernel": 1}, \
+        counts
     family = {b.key for b in TinyLlmGemms().builds(small_model(), SMALL)}
     assert family and family <= keys  # the family queues, from the config alone, GEMMs the rehearsal lists too
 

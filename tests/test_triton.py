@@ -136,6 +136,31 @@ def test_builds_for_lists_from_meta_tensors_without_a_pass(fresh_triton):
     assert buildops.report().total("listed") == 0 and fresh_triton == []  # returned, not queued or compiled
 
 
+def test_replay_runs_on_meta_tensors_and_on_fake_ones_where_the_host_code_needs_the_device(fresh_triton,
+                                                                                         monkeypatch):
+    from torch._subclasses import fake_tensor
+
+    modes = []
+    original = fake_tensor.FakeTensorMode.__init__
+    monkeypatch.setattr(fake_tensor.FakeTensorMode, "__init__", lambda self, *a, **k: modes.append(1) or
+                        original(self, *a, **k))
+    with record_listings() as rec:
+        K.double_rows(torch.ones(40, 100))
+    assert len(rec.keys("double_rows")) == 3 and modes == []  # meta tensors sufficed: no FakeTensorMode
+
+    @buildops.lists_kernels(buildops.BuildConfig(buildops.DynamicSpec("x", 0, sweep=[16])), output="x")
+    def cpu_only_rows(x):
+        if x.device.type != "cpu":  # host code that reads the device: meta fails it, a fake CPU tensor passes
+            raise RuntimeError("expected a CPU tensor")
+        return K.double_rows.__wrapped__(x)
+
+    with record_listings() as rec:
+        cpu_only_rows(torch.ones(40, 100))
+    assert [b.label for listing in rec.of("cpu_only_rows") for b in listing.builds] == [
+        "rows_kernel[BLOCK_M=16, BLOCK_N=128]"]
+    assert modes == [1]
+
+
 def test_replay_of_host_code_that_needs_data_says_what_to_do():
     with pytest.raises(buildops.SpecError, match=r"replay of data_dependent at \{'x.0': 1\} failed: .*"
                                                  r"register a lister with @data_dependent.lister, or decorate"):
