@@ -4,6 +4,7 @@
     (b) warmup    load, then the warmup forwards for real, one compile after another
     (c) buildops  rehearsal overlapped with the load
     (d) buildops  again, with the Triton cache (c) left: a restart
+    and (c) with the load begun beside the rehearsal (``rehearse_then_load(..., overlap=True)``)
 
 each in a fresh process with an empty Triton cache (except (d)), reading the checkpoint from disk (its pages are
 dropped from the page cache before each start), in one run. Every start finds Python bytecode cached (see PYCACHE). A serial build ((c) with one builder
@@ -105,6 +106,7 @@ def main() -> None:
     starts = [("(a) lazy", "lazy", "a", None, ()), ("(b) warmup", "warmup", "b", None, ()),
               ("(c) buildops", "buildops", "c", None, ()), ("(d) buildops, warm", "buildops", "c", None, ()),
               ("serial build", "buildops", "e", {"BUILDOPS_THREADS": "1", "BUILDOPS_EXECUTOR": "threads"}, ())]
+    starts.append(("(c) load overlapped", "buildops", "i", None, ("--overlap-load",)))
     if args.variants:  # what the default is made of: the executor, the family
         starts += [("(c) threads", "buildops", "f", {"BUILDOPS_EXECUTOR": "threads"}, ()),
                    ("(c) processes", "buildops", "g", {"BUILDOPS_EXECUTOR": "processes"}, ()),

@@ -15,6 +15,7 @@ Engines keep their own loaders and runners; these only order and time the steps.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gc
 import logging
@@ -58,18 +59,32 @@ def phases(clear: bool = False) -> list[tuple[str, float]]:
     return recorded
 
 
-def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *, name: str = "startup") -> T:
+def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *, name: str = "startup",
+                       overlap: bool = False) -> T:
     """Run the dummy forwards in a :func:`~buildops.rehearsal` (their builds start), load the checkpoint while the
     builds run, then wait for the GPU builds, so that what follows (CUDA graph capture, serving) never overlaps
-    them. Returns what ``load`` returns. CPU-only builds may still be running; :func:`buildops.join` waits for
-    those too."""
-    with phase(f"{name}: rehearsal"), rehearsal(name):
-        rehearse()
-    with phase(f"{name}: load"):
-        loaded = load()
+    them. Returns what ``load`` returns (and raises what it raises). CPU-only builds may still be running;
+    :func:`buildops.join` waits for those too.
+
+    ``overlap=True`` starts the load on a thread at once, so that it also overlaps the rehearsal's own host work
+    (listing is Python, and shares the GIL with the builds). Only for a rehearsal that reads no weight values:
+    every op that reads weights returns its placeholder in the rehearsal, and nothing in between looks at them.
+    """
+    if not overlap:
+        with phase(f"{name}: rehearsal"), rehearsal(name):
+            rehearse()
+        with phase(f"{name}: load"):
+            loaded = load()
+    else:
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="buildops-load") as loader:
+            with phase(f"{name}: load"):
+                loading = loader.submit(load)
+                with phase(f"{name}: rehearsal"), rehearsal(name):
+                    rehearse()
+                loaded = loading.result()
     with phase(f"{name}: wait for GPU builds"):
         prepare_graph_capture()
-        # The rehearsal's replays leave many short-lived objects in reference cycles (fake tensors); collect them
-        # now rather than in the middle of the first request.
+        # The rehearsal's replays leave many short-lived objects in reference cycles; collect them now rather
+        # than in the middle of the first request.
         gc.collect()
     return loaded

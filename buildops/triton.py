@@ -23,6 +23,7 @@ import contextvars
 import logging
 import pickle
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -404,11 +405,14 @@ class _TuneRun:
     def __init__(self, tuner: Autotuner, layouts: tuple, kwargs: dict, compiles: list, device: int) -> None:
         self.tuner, self.layouts, self.kwargs, self.compiles = tuner, layouts, kwargs, compiles
         self.device = torch.device("cuda", device)
+        self.waited = 0.0
 
     def __call__(self) -> Any:
         builder = current_builder()
         compiles = [f for f in (builder.future(k) for k in self.compiles) if f is not None]
+        waiting = time.perf_counter()
         concurrent.futures.wait(compiles, timeout=COMPILE_WAIT_SECONDS)
+        self.waited = time.perf_counter() - waiting  # of the build's seconds, those spent on others' compiles
         tensors = [a for a in self.layouts if isinstance(a, _Layout)]
 
         def make() -> tuple:

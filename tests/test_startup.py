@@ -59,3 +59,24 @@ def test_rehearse_then_load_overlaps_the_load_with_the_builds(runs):
                                               "startup: wait for GPU builds"]
     assert all(seconds >= 0 for _, seconds in phases())
     assert buildops.join(timeout=WAIT)
+
+
+def test_rehearse_then_load_can_start_the_load_with_the_rehearsal(runs):
+    started = threading.Event()
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x")
+    def op(x):
+        return x
+
+    op.lister(lambda x: [runs.build("op", ("op", x.shape[1]), uses_gpu=True)])
+
+    def rehearse():
+        assert started.wait(WAIT)  # the load is already running while the dummy forwards list
+        op(torch.zeros(2, 8))
+
+    def load():
+        started.set()
+        return "weights"
+
+    assert rehearse_then_load(rehearse, load, overlap=True) == "weights"
+    assert current_builder().state(("op", 8)) is BuildState.BUILT
