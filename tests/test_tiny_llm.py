@@ -61,7 +61,7 @@ def test_the_rehearsal_lists_every_kernel_at_odd_and_aligned_token_counts():
     assert counts == {"_matmul_kernel": 14, "_context_attention_kernel": 3, "_embedding_kernel": 1,
                       "_rmsnorm_kernel": 2, "_rope_kernel": 1, "_silu_mul_kernel": 1, "_decode_attention_kernel": 1}, \
         counts
-    family = {b.key for b in TinyLlmGemms().builds(small_model(), SMALL)}
+    family = {b.key for b in TinyLlmGemms().builds(small_model(), SMALL) if b.library == "triton"}
     assert family and family <= keys  # the family queues, from the config alone, GEMMs the rehearsal lists too
 
 
