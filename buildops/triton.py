@@ -408,8 +408,9 @@ class _TuneRun:
         self.waited = 0.0
 
     def __call__(self) -> Any:
-        builder = current_builder()
-        compiles = [f for f in (builder.future(k) for k in self.compiles) if f is not None]
+        builder = current_builder()  # None when a test runs the build by hand: nothing to wait for
+        futures = (builder.future(k) for k in self.compiles) if builder is not None else ()
+        compiles = [f for f in futures if f is not None]
         waiting = time.perf_counter()
         concurrent.futures.wait(compiles, timeout=COMPILE_WAIT_SECONDS)
         self.waited = time.perf_counter() - waiting  # of the build's seconds, those spent on others' compiles
