@@ -36,34 +36,10 @@ class ReplayError(SpecError):
     """An op's host code could not run on fake tensors, so its builds cannot be listed by replay."""
 
 
-def _fake_arguments(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]],
-                    mode) -> inspect.BoundArguments:
-    call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
-    for name, value in bound.arguments.items():
-        dims = shapes.get(name, {})
-        if -1 in dims:
-            call.arguments[name] = dims[-1]
-        elif isinstance(value, torch.Tensor):
-            if dims:
-                shape = list(value.shape)
-                for dim, size in dims.items():
-                    shape[dim] = size
-                with mode:
-                    call.arguments[name] = torch.empty(shape, dtype=value.dtype, device=value.device)
-            else:
-                call.arguments[name] = mode.from_tensor(value)
-    return call
-
-
-def _meta(value: torch.Tensor, shape: list[int] | None = None) -> torch.Tensor:
-    """A meta tensor like ``value`` (same strides and offset), or a contiguous one of ``shape``."""
-    if shape is not None:
-        return torch.empty(shape, dtype=value.dtype, device="meta")
-    storage = torch.empty(value.untyped_storage().nbytes() // value.element_size(), dtype=value.dtype, device="meta")
-    return storage.as_strided(value.shape, value.stride(), value.storage_offset())
-
-
-def _meta_arguments(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]]) -> inspect.BoundArguments:
+def _stand_in_arguments(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]],
+                        make: Callable[[torch.Tensor, list[int] | None], torch.Tensor]) -> inspect.BoundArguments:
+    """The call's arguments with swept ints replaced, and each tensor by ``make(tensor, shape)``: ``shape`` is the
+    swept shape, or None where the tensor keeps its own."""
     call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
     for name, value in bound.arguments.items():
         dims = shapes.get(name, {})
@@ -75,8 +51,25 @@ def _meta_arguments(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[
                 shape = list(value.shape)
                 for dim, size in dims.items():
                     shape[dim] = size
-            call.arguments[name] = _meta(value, shape)
+            call.arguments[name] = make(value, shape)
     return call
+
+
+def _meta(value: torch.Tensor, shape: list[int] | None) -> torch.Tensor:
+    """A meta tensor like ``value`` (same strides and offset), or a contiguous one of ``shape``."""
+    if shape is not None:
+        return torch.empty(shape, dtype=value.dtype, device="meta")
+    storage = torch.empty(value.untyped_storage().nbytes() // value.element_size(), dtype=value.dtype, device="meta")
+    return storage.as_strided(value.shape, value.stride(), value.storage_offset())
+
+
+def _fake(mode) -> Callable[[torch.Tensor, list[int] | None], torch.Tensor]:
+    def make(value: torch.Tensor, shape: list[int] | None) -> torch.Tensor:
+        if shape is None:
+            return mode.from_tensor(value)
+        with mode:
+            return torch.empty(shape, dtype=value.dtype, device=value.device)
+    return make
 
 
 def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]],
@@ -89,7 +82,7 @@ def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping
     from .triton import recording
 
     try:
-        call = _meta_arguments(bound, shapes)
+        call = _stand_in_arguments(bound, shapes, _meta)
         with recording(op) as builds:
             fn(*call.args, **call.kwargs)
         if builds:
@@ -100,7 +93,7 @@ def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)  # weights held by a module are real; that is fine
-    call = _fake_arguments(bound, shapes, mode)
+    call = _stand_in_arguments(bound, shapes, _fake(mode))
     with recording(op) as builds:
         try:
             with mode:
