@@ -203,8 +203,8 @@ class _Recording:
         label = f"{jit.fn.__name__}[{options}]" if options else jit.fn.__name__
         _note_listed(_kernel_name(jit), self.op)
         # On a GPU the build also loads the module: GPU work, which graph capture must not overlap.
-        self.builds.append(Build(self.op, key, _WarmupRun(jit, stand_ins, kwargs, device), uses_gpu=not _compile_only(),
-                                 label=label, library="triton"))
+        run = _WarmupRun(jit, stand_ins, kwargs, device)
+        self.builds.append(Build(self.op, key, run, uses_gpu=not _compile_only(), label=label, library="triton"))
 
 
 class _WarmupRun:
@@ -360,7 +360,7 @@ class _Layout:
 
     @property
     def nbytes(self) -> int:
-        return self.storage * torch.empty((), dtype=self.dtype).element_size()
+        return self.storage * self.dtype.itemsize
 
     def zeros(self, device: torch.device) -> torch.Tensor:
         storage = torch.zeros(self.storage, dtype=self.dtype, device=device)
@@ -381,11 +381,16 @@ def _tune_build(op: str, tuner: Autotuner, args: tuple, kwargs: dict, compiles: 
         return None
     if any(isinstance(a, (torch.dtype, PointerArg)) for a in (*args, *kwargs.values())):
         return None
-    layouts = tuple(_Layout(a) if isinstance(a, (torch.Tensor, TensorSpec)) else a for a in args)
+    def layout(value: Any) -> Any:
+        return _Layout(value) if isinstance(value, (torch.Tensor, TensorSpec)) else value
+
     key = _tuner_key(tuner, args, kwargs)
+    layouts = tuple(map(layout, args))
+    kwargs = {name: layout(value) for name, value in kwargs.items()}
     jit = _inner_jit(tuner)
     return Build(op, ("triton-autotune", _kernel_name(jit), jit.cache_key, key, target()),
-                 _TuneRun(tuner, layouts, kwargs, compiles, driver.active.get_current_device()), uses_gpu=True,
+                 _TuneRun(tuner, layouts, kwargs, compiles, torch.device("cuda", driver.active.get_current_device())),
+                 uses_gpu=True,
                  label=f"autotune {jit.fn.__name__}{list(key)}", shared=False, serial=True)
 
 
@@ -402,9 +407,9 @@ class _TuneRun:
     and a restart times nothing.
     """
 
-    def __init__(self, tuner: Autotuner, layouts: tuple, kwargs: dict, compiles: list, device: int) -> None:
+    def __init__(self, tuner: Autotuner, layouts: tuple, kwargs: dict, compiles: list, device: torch.device) -> None:
         self.tuner, self.layouts, self.kwargs, self.compiles = tuner, layouts, kwargs, compiles
-        self.device = torch.device("cuda", device)
+        self.device = device
         self.waited = 0.0
 
     def __call__(self) -> Any:
@@ -414,15 +419,19 @@ class _TuneRun:
         waiting = time.perf_counter()
         concurrent.futures.wait(compiles, timeout=COMPILE_WAIT_SECONDS)
         self.waited = time.perf_counter() - waiting  # of the build's seconds, those spent on others' compiles
-        tensors = [a for a in self.layouts if isinstance(a, _Layout)]
+        tensors = [a for a in (*self.layouts, *self.kwargs.values()) if isinstance(a, _Layout)]
+
+        def real(value: Any) -> Any:
+            return value.zeros(self.device) if isinstance(value, _Layout) else value
 
         def make() -> tuple:
-            return tuple(a.zeros(self.device) if isinstance(a, _Layout) else a for a in self.layouts)
+            return tuple(map(real, self.layouts)), {name: real(value) for name, value in self.kwargs.items()}
 
         chosen = []
 
         def tune(operands: tuple) -> None:
-            _original_autotuner_run(self.tuner, *operands, **self.kwargs)
+            args, kwargs = operands
+            _original_autotuner_run(self.tuner, *args, **kwargs)
             chosen.append(self.tuner.best_config)
 
         run_admitted(self.device, sum(t.nbytes for t in tensors), make, tune,

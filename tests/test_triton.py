@@ -161,6 +161,28 @@ def test_replay_runs_on_meta_tensors_and_on_fake_ones_where_the_host_code_needs_
     assert modes == [1]
 
 
+def test_an_autotuning_build_runs_the_tuner_on_zeros_shaped_like_the_launch(monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(8, 64)[2:, ::2]  # strided, offset: the tuner must see the same layout
+        scale = torch.empty(6)
+    seen = []
+
+    def tuner_run(tuner, *args, **kwargs):  # stands in for Autotuner.run, which needs a GPU to time on
+        seen.append((args, kwargs))
+        tuner.best_config = "best"
+
+    monkeypatch.setattr(bt, "_original_autotuner_run", tuner_run)
+    tune = bt._TuneRun(K.scale_kernel, (bt._Layout(x), x.shape[0], 7), {"scale": bt._Layout(scale), "grid": (1,)},
+                       [], torch.device("cpu"))
+    assert tune() == "best"
+    (args, kwargs), = seen
+    assert (args[0].shape, args[0].stride(), args[0].storage_offset()) == ((6, 32), (64, 2), 128)
+    assert args[0].count_nonzero() == 0 and not isinstance(args[0], FakeTensor)
+    assert args[1:] == (6, 7) and kwargs["grid"] == (1,) and kwargs["scale"].shape == (6,)
+
+
 def test_replay_of_host_code_that_needs_data_says_what_to_do():
     with pytest.raises(buildops.SpecError, match=r"replay of data_dependent at \{'x.0': 1\} failed: .*"
                                                  r"register a lister with @data_dependent.lister, or decorate"):
