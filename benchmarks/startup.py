@@ -7,8 +7,9 @@
     and (c) with the load begun beside the rehearsal (``rehearse_then_load(..., overlap=True)``)
 
 each in a fresh process with an empty Triton cache (except (d)), reading the checkpoint from disk (its pages are
-dropped from the page cache before each start), in one run. Every start finds Python bytecode cached (see PYCACHE). A serial build ((c) with one builder
-thread and no worker processes) gives the build time the goal divides by the cores. With ``--ranks 2`` (a machine
+dropped from the page cache before each start), in one run. Every start finds Python bytecode cached (see
+PYCACHE). A serial build ((c) with one builder thread and no worker processes) gives the build time the goal
+divides by the cores. With ``--ranks 2`` (a machine
 with 2 GPUs) it also starts 2 ranks of (c) at once on one node, sharing the Triton cache, with and without
 buildops' node locks, and reports the node's CPU seconds and the time until both are ready.
 

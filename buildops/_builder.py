@@ -6,8 +6,9 @@ Concurrency model:
     whose build was cancelled may be submitted again.
   * Workers take records off a FIFO queue. Builds marked ``serial`` (autotuning, which times kernels on the GPU)
     go to a queue of their own with one worker, so they run one at a time, in order, beside the compiles and
-    without holding the compile workers. A serial build may wait for normal builds, never the reverse. A record whose future was cancelled before a worker reached it is
-    skipped (``Future.set_running_or_notify_cancel``), so a cancelled build never runs.
+    without holding the compile workers. A serial build may wait for normal builds, never the reverse.
+  * A record whose future was cancelled before a worker reached it is skipped
+    (``Future.set_running_or_notify_cancel``), so a cancelled build never runs.
   * A build that raises is marked failed, logged once with its traceback and counted; its future holds the
     exception, which buildops never re-raises into an op's call: the op compiles on first use instead.
   * After ``os.fork`` the child forgets the parent's builder (its threads do not exist there, its locks may be
@@ -142,8 +143,8 @@ class Builder:
         return record.future
 
     def _start_worker(self) -> None:
-        thread = threading.Thread(target=self._work, args=(self._queue,), name=f"buildops-worker-{len(self._workers)}",
-                                  daemon=True)
+        name = f"buildops-worker-{len(self._workers)}"
+        thread = threading.Thread(target=self._work, args=(self._queue,), name=name, daemon=True)
         self._workers.append(thread)
         thread.start()
 

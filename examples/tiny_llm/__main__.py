@@ -46,7 +46,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--overlap-load", action="store_true",
-                        help="buildops start with the load begun at once, beside the rehearsal (see rehearse_then_load)")
+                        help="buildops start with the load begun at once, beside the rehearsal "
+                             "(see rehearse_then_load)")
     parser.add_argument("--no-family", action="store_true",
                         help="buildops start without the GEMM family: the rehearsal lists everything")
     parser.add_argument("--json", help="write the results here")
