@@ -1,9 +1,13 @@
-"""Spawned worker processes for builds that must not run in this process's threads.
+"""Worker processes for builds that must not run in this process's threads.
 
 Both Triton (its front end holds the GIL) and DeepGEMM (its binding holds the GIL while it compiles) build in
-worker processes. A :class:`SpawnPool` starts its workers on first use, keeps them for later builds, stops them at
-``buildops.shutdown()``, and is forgotten by a forked child (the parent's workers are not the child's). Workers are
-spawned, not forked: the parent has threads, and maybe a CUDA context, that a fork would corrupt.
+worker processes. A :class:`WorkerPool` starts its workers on first use, keeps them for later builds, stops them at
+``buildops.shutdown()``, and is forgotten by a forked child (the parent's workers are not the child's).
+
+Workers are never forked from this process: it has threads, and maybe a CUDA context, that a fork would corrupt.
+They are spawned, or, for a pool with ``preload`` modules, forked from Python's forkserver (a clean process that
+imported those modules once): a spawned worker imports torch itself, seconds of CPU each, and 16 of them starting
+at once on 16 cores slowed a whole startup, while a fork from the forkserver shares what it imported.
 """
 
 from __future__ import annotations
@@ -12,20 +16,35 @@ import concurrent.futures
 import concurrent.futures.process
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._builder import add_shutdown_hook
 
-__all__ = ["SpawnPool"]
+__all__ = ["WorkerPool"]
 
 logger = logging.getLogger("buildops")
 
 
-class SpawnPool:
-    """A lazily started pool of spawned processes.
+def _context(preload: Sequence[str]) -> multiprocessing.context.BaseContext:
+    """The forkserver, with ``preload`` added to what it imports when it starts, where the platform has one."""
+    if not preload or "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # The forkserver is Python's, shared with any other user of it in this process: keep what they asked it to
+    # preload ("__main__" by default). Once it runs, a new list changes nothing; our workers then import for
+    # themselves, as spawned ones do.
+    server = multiprocessing.forkserver._forkserver
+    current = list(getattr(server, "_preload_modules", ["__main__"]))
+    context.set_forkserver_preload(current + [m for m in preload if m not in current])
+    return context
+
+
+class WorkerPool:
+    """A lazily started pool of worker processes.
 
     Args:
         name: what logs call the workers.
@@ -33,23 +52,28 @@ class SpawnPool:
         initializer, initargs: run in each worker as it starts; ``initargs`` is asked when the pool starts.
         warm_up: a task submitted once per worker when the pool starts, so that all of them start at once and
             :meth:`warm` can tell when they have (each runs ``initializer`` before its first task).
+        preload: modules the forkserver imports once, before it forks any worker (see the module docstring).
+            Their import must not raise anything but ImportError, which the forkserver ignores.
     """
 
     def __init__(self, name: str, workers: Callable[[], int], initializer: Callable | None = None,
-                 initargs: Callable[[], tuple] = tuple, warm_up: Callable[[], Any] | None = None) -> None:
+                 initargs: Callable[[], tuple] = tuple, warm_up: Callable[[], Any] | None = None,
+                 preload: Sequence[str] = ()) -> None:
         self.name, self._workers, self._initializer, self._initargs = name, workers, initializer, initargs
-        self._warm_up = warm_up
-        self._lock = threading.Lock()
+        self._warm_up, self._preload = warm_up, tuple(preload)
+        self._lock = threading.Lock()  # held while the pool starts, which can take seconds (a forkserver's imports)
+        self._launch_lock = threading.Lock()
+        self._launcher: threading.Thread | None = None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._starting: list[concurrent.futures.Future] = []
         self._hooked = False
 
     @property
     def started(self) -> bool:
-        return self._pool is not None
+        return self._pool is not None or self._launcher is not None
 
     def get(self) -> concurrent.futures.ProcessPoolExecutor:
-        """The pool, started (not necessarily warm yet) if it was not."""
+        """The pool, started (not necessarily warm yet) if it was not. May block while the workers start."""
         with self._lock:
             if self._pool is None:
                 if not self._hooked:
@@ -57,16 +81,37 @@ class SpawnPool:
                     add_shutdown_hook(self.shutdown)
                     self._hooked = True
                 workers = self._workers()
-                self._pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                pool = concurrent.futures.ProcessPoolExecutor(
+                    max_workers=workers, mp_context=_context(self._preload),
                     initializer=self._initializer, initargs=self._initargs())
                 if self._warm_up is not None:
-                    self._starting = [self._pool.submit(self._warm_up) for _ in range(workers)]
+                    self._starting = [pool.submit(self._warm_up) for _ in range(workers)]
+                self._pool = pool  # only now: warm() must not see a pool without its warm-up futures
             return self._pool
 
+    def start(self) -> None:
+        """Start the workers on a thread of their own and return at once."""
+        with self._launch_lock:
+            if self._pool is not None or self._launcher is not None:
+                return
+            self._launcher = threading.Thread(target=self._launch, name=f"buildops-{self.name}-start", daemon=True)
+            self._launcher.start()
+
+    def _launch(self) -> None:
+        try:
+            self.get()
+        except Exception:  # e.g. at interpreter exit; a later get() tries again and raises where it is called
+            logger.debug("buildops: starting %s workers failed", self.name, exc_info=True)
+        finally:
+            with self._launch_lock:
+                self._launcher = None
+
     def warm(self) -> bool:
-        """True once every worker has started and warmed up; starts them if nobody did yet."""
-        self.get()
+        """True once every worker has started and warmed up; starts them in the background if nobody did yet."""
+        pool = self._pool
+        if pool is None:
+            self.start()
+            return False
         return all(f.done() for f in self._starting)
 
     def run(self, what: str, fn: Callable, *args: Any) -> Any:
@@ -95,5 +140,5 @@ class SpawnPool:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _forget(self) -> None:
-        self._lock = threading.Lock()
+        self._lock, self._launch_lock, self._launcher = threading.Lock(), threading.Lock(), None
         self._pool, self._starting = None, []

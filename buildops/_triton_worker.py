@@ -14,9 +14,8 @@ from typing import Any
 
 def start(backend: str, arch: int, warp_size: int) -> None:
     """Process initializer: compile for the parent's target without touching a GPU, and pay every one-time cost
-    of a first compile (hashing Triton's install, loading LLVM, asking ptxas its version) before any build."""
-    import tempfile
-
+    of a first compile (hashing Triton's install, loading LLVM, asking ptxas its version) before any build.
+    In a worker forked from a forkserver that ran :func:`warm_up_compiler`, those costs are already paid."""
     from triton.runtime.driver import driver
 
     from .triton import CompileOnlyDriver
@@ -24,9 +23,33 @@ def start(backend: str, arch: int, warp_size: int) -> None:
     compile_only = CompileOnlyDriver(backend, arch)
     compile_only.target = type(compile_only.target)(backend, arch, warp_size)
     driver.set_active(compile_only)
+    _compile_a_small_kernel()
+
+
+def warm_up_compiler() -> None:
+    """Pay Triton's one-time costs for a default target (``cuda:90``) in a process that will fork workers.
+    Leaves a compile-only driver active: each worker's :func:`start` installs its parent's target."""
+    from triton.runtime.driver import driver
+
+    from .triton import CompileOnlyDriver
+
+    driver.set_active(CompileOnlyDriver("cuda", 90))
+    _compile_a_small_kernel()
+
+
+def _compile_a_small_kernel() -> None:
+    import tempfile
+
+    previous = os.environ.get("TRITON_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="buildops-worker-") as scratch:
         os.environ["TRITON_CACHE_DIR"] = scratch  # a real compile, not a cache hit: that is what warms
-        _warm_kernel().warmup(torch_dtype("float32"), grid=(1,), BLOCK=16)
+        try:
+            _warm_kernel().warmup(torch_dtype("float32"), grid=(1,), BLOCK=16)
+        finally:
+            if previous is None:
+                del os.environ["TRITON_CACHE_DIR"]
+            else:
+                os.environ["TRITON_CACHE_DIR"] = previous
 
 
 def ready() -> int:

@@ -28,7 +28,7 @@ from torch import nn
 from ._builder import Build
 from ._config import settings
 from ._gpu import run_admitted
-from ._pools import SpawnPool
+from ._pools import WorkerPool
 
 __all__ = ["DeepGemmFamily", "GemmShape", "deep_gemm_builds", "find_gemm_shapes", "m_values"]
 
@@ -224,4 +224,4 @@ def _call(entry, shape: GemmShape, o: dict, m: int) -> None:
 
 
 # Each worker holds a CUDA context (hundreds of MiB): a few suffice, as DeepGEMM's nvcc runs use several cores.
-_pool = SpawnPool("DeepGEMM build", lambda: max(1, min(settings.threads, 4)))
+_pool = WorkerPool("DeepGEMM build", lambda: max(1, min(settings.threads, 4)))

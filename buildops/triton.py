@@ -40,7 +40,7 @@ from . import _late, _triton_worker
 from ._builder import Build, current_builder, on_builder_thread
 from ._config import settings
 from ._gpu import run_admitted
-from ._pools import SpawnPool
+from ._pools import WorkerPool
 from ._specs import TensorSpec
 
 __all__ = ["CompileOnlyDriver", "PointerArg", "recording", "target", "triton_builds"]
@@ -218,20 +218,32 @@ class _WarmupRun:
         self.jit, self.args, self.kwargs, self.device = jit, args, kwargs, device
 
     def __call__(self) -> Any:
-        executor = _executor()
-        if executor != "threads":
+        if _executor() == "processes":
             reference = _picklable_reference(self.jit, self.args, self.kwargs)
-            if reference is not None and (executor == "processes" or _auto_uses_processes()):
+            if reference is not None:
                 _compile_in_process(reference, self.args, self.kwargs)
         if _compile_only():
             return self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
         with torch.cuda.device(self.device):
             kernel = self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
+            _make_launcher(kernel)
             # Load the module now, so the first launch pays neither compile nor load. One load at a time: the
             # driver serializes them anyway, and 16 threads contending for it measured 2-5x slower in all.
             with _load_lock:
                 kernel._init_handles()
         return kernel
+
+
+def _make_launcher(kernel: Any) -> None:
+    """Make the kernel's launcher before the load lock is taken. Up to Triton 3.6 a launcher is a C module per
+    kernel signature that a cold cache compiles with the host compiler (near a second): under the lock, that
+    held up every other load. Since 3.7 it is generic and this costs microseconds. ``_init_handles`` makes it
+    again, a cache hit now, and raises there if it must."""
+    try:
+        driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001 - see the docstring
+        logger.debug("buildops: making the launcher of %s ahead of its load failed", getattr(kernel, "name", kernel),
+                     exc_info=True)
 
 
 _load_lock = threading.Lock()
@@ -240,30 +252,19 @@ _load_lock = threading.Lock()
 # -- worker processes -----------------------------------------------------------------------------------------
 
 # Triton's front end holds the GIL, so on many cores threads mostly wait for each other; processes do not.
-# Measured on a 16-core H200 host, 48 variants: 16 threads 5.8x serial, 16 warm processes 10.2x. On a few cores
-# the cost of starting processes is not won back.
+# Measured on a 16-core H200 host, 48 variants: 16 threads 4.6-5.9x serial, 16 warm processes 9.2-12.6x. On a few
+# cores the cost of starting processes is not won back. Processes only once warm (threads meanwhile) measured
+# slower still on the tiny LLM's startup: in-process compiles starved its rehearsal of the GIL while the workers
+# started, then the workers' start competed for the cores.
 AUTO_PROCESSES_FROM_CPUS = 8
-# ... and only once this many builds per worker wait: a worker takes ~3 s of CPU to start (imports, a first
-# compile), about what 10-20 Triton compiles cost, so a short pass is faster on threads alone.
-AUTO_PROCESSES_FROM_QUEUED = 4
-
-
-def _auto_uses_processes() -> bool:
-    """``auto``: processes once they are warm, this thread until then. Warming costs each worker seconds of CPU
-    (importing torch and Triton), so it starts only when enough builds wait to win that back."""
-    if _processes.started or (current_builder() is not None
-                              and current_builder().queued >= AUTO_PROCESSES_FROM_QUEUED * settings.threads):
-        return _processes.warm()
-    return False
 
 
 def _executor() -> str:
-    """``threads``, ``processes``, or ``auto`` (processes when warm) where cores are many enough."""
+    """``threads`` or ``processes``; ``auto`` is processes where cores are many enough."""
     executor = settings.executor
     if executor == "auto":
         from ._config import cpu_share
-        if cpu_share() < AUTO_PROCESSES_FROM_CPUS:
-            return "threads"
+        return "processes" if cpu_share() >= AUTO_PROCESSES_FROM_CPUS else "threads"
     return executor
 
 
@@ -287,12 +288,12 @@ def _pool_initargs() -> tuple:
     return the_target.backend, the_target.arch, the_target.warp_size
 
 
-_processes = SpawnPool("Triton build", lambda: settings.threads, _triton_worker.start, _pool_initargs,
-                       warm_up=_triton_worker.ready)
+_processes = WorkerPool("Triton build", lambda: settings.threads, _triton_worker.start, _pool_initargs,
+                        warm_up=_triton_worker.ready, preload=["buildops._triton_preload"])
 
 
 def _compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict) -> None:
-    """Compile in a worker process (crashes: see ``SpawnPool.run``); a kernel the worker cannot import is left to
+    """Compile in a worker process (crashes: see ``WorkerPool.run``); a kernel the worker cannot import is left to
     the calling thread's own warmup."""
     module, qualname = reference
     try:

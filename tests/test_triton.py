@@ -311,18 +311,15 @@ def test_a_worker_killed_mid_build_does_not_hang_the_pass(fresh_triton, caplog):
     assert (rep.total("built"), rep.total("failed"), rep.total("pending")) == (3, 0, 0)  # retried in a new worker
 
 
-def test_auto_starts_workers_only_when_enough_builds_wait(monkeypatch, runs):
-    monkeypatch.setattr(bt, "AUTO_PROCESSES_FROM_CPUS", 1)  # as on a machine with many cores
+def test_auto_builds_in_workers_on_many_cores_and_in_threads_on_few(monkeypatch, parent_compiles):
     with settings.scope(executor="auto", threads=1):
-        with build_pass("short"):
-            K.double_rows(torch.zeros(4, 8))  # three builds: not worth starting workers
-        assert not bt._processes.started
-        gate = threading.Event()
-        builder = buildops._builder.default_builder()
-        builder.submit(runs.build("hold", "hold", gate=gate))  # keep the only worker busy while the queue fills
-        x = torch.zeros(64)
-        for block in (16, 32, 64, 128, 256):
-            builder.submit(bt.triton_builds("add", K.add_kernel, x, x, x, 48, BLOCK=block)[0])
-        gate.set()
-        assert buildops.join(timeout=WAIT)
+        monkeypatch.setattr(bt, "AUTO_PROCESSES_FROM_CPUS", 10_000)  # a machine with few cores
+        with build_pass("few cores"):
+            K.double_rows(torch.zeros(4, 8))
+        assert not bt._processes.started and parent_compiles == [True] * 3  # compiled in the builder's thread
+        parent_compiles.clear()
+        monkeypatch.setattr(bt, "AUTO_PROCESSES_FROM_CPUS", 1)  # a machine with many cores
+        with build_pass("many cores"):
+            K.double_rows(torch.zeros(40, 100))
         assert bt._processes.started and report().total("failed") == 0
+    assert parent_compiles == [False] * 3  # the workers compiled them; this process loaded them
