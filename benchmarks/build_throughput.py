@@ -5,9 +5,11 @@
 1. serial: one ``JITFunction.warmup`` after another, on the main thread;
 2. threads: a plain thread pool of N calling warmup (what a thread-only builder does);
 3. processes: a warm pool of N spawned processes, each compiling into the shared Triton cache;
-4. buildops: ``buildops.triton.triton_builds`` submitted to the builder with its default executor (auto), its
-   worker processes already started (as they are once a pass's first build started them), then joined; this
-   includes loading every kernel into the parent, as a real pass does.
+4. buildops: each launch listed by ``buildops.triton.triton_builds`` and submitted to the builder at once (as a
+   pass does) with its default executor (auto), its worker processes already started (as they are once a pass's
+   first build started them), then joined; this includes loading every kernel into the parent, as a pass does.
+
+It also measures the CPU ceiling: how many times one process's pure-Python work N busy processes do at once.
 
 Every way starts from an empty Triton cache dir and empty in-memory caches. The ideal is the serial compile time
 divided by the number of CPUs. Without a GPU the kernels are compiled for sm_90.
@@ -79,6 +81,24 @@ def _timing_module_loads():
         CompiledKernel._init_handles = original
 
 
+def spin(seconds_of_work: int) -> float:
+    """Pure CPU work (no I/O, no shared memory); returns its own wall seconds."""
+    start, total = time.perf_counter(), 0
+    for i in range(seconds_of_work * 10_000_000):
+        total += i
+    return time.perf_counter() - start
+
+
+def cpu_ceiling(workers: int) -> float:
+    """How many times one process's work ``workers`` busy processes do at once: the ceiling of any pool here
+    (below ``workers`` where cores are hyperthreads or clocks drop under load)."""
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(time.sleep, [0.2] * workers))  # started
+        alone = min(pool.submit(spin, 1).result() for _ in range(2))
+        together = max(pool.map(spin, [1] * workers))
+    return workers * alone / together
+
+
 def timed(fn) -> float:
     fresh_caches()
     start = time.perf_counter()
@@ -123,16 +143,20 @@ def main() -> None:
         listing = []
 
         def through_buildops():
-            start = time.perf_counter()
-            builds = [b for a, o in launches for b in triton_builds("bench", kernel(), *a, **o)]
-            listing.append(time.perf_counter() - start)
-            for build in builds:
-                builder.submit(build)
+            listed = 0.0
+            for a, o in launches:  # each build queued as soon as it is listed, as a pass does
+                start = time.perf_counter()
+                builds = triton_builds("bench", kernel(), *a, **o)
+                listed += time.perf_counter() - start
+                for build in builds:
+                    builder.submit(build)
+            listing.append(listed)
             assert buildops.join() and buildops.report().total("failed") == 0
         with _timing_module_loads() as loads:
             default = timed(through_buildops)
     buildops.shutdown()
 
+    ceiling = cpu_ceiling(workers)
     ideal = serial / cpu_share()
     print(f"# {len(launches)} variants, {workers} workers, {cpu_share()} CPUs, target {t.backend}:{t.arch}, "
           f"triton {__import__('triton').__version__}, torch {torch.__version__}")
@@ -142,6 +166,7 @@ def main() -> None:
         print(f"{name:<24}{seconds:>8.2f}{serial / seconds:>10.2f}{ideal / seconds:>12.2f}")
     print(f"buildops / threads: {threads / default:.2f}x; ideal {ideal:.2f} s; of buildops' wall: listing "
           f"{listing[0]:.2f} s on the caller's thread, loading {len(loads)} modules {sum(loads):.2f} s in all")
+    print(f"CPU ceiling: {workers} busy processes do {ceiling:.2f}x the work of one")
 
 
 if __name__ == "__main__":

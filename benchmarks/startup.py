@@ -142,6 +142,10 @@ def main() -> None:
           f"{c['first_request_s'] / c['steady_request_s']:.2f}; tokens identical in every start; logits within "
           f"{max(r['reference_error'] for r in results.values()):.1e} of torch")
 
+    print("\nphases (s):")
+    for label, r in results.items():
+        print(f"  {label:20} " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in r["phases"]))
+
     if args.ranks > 1:
         print(f"\n{args.ranks} ranks of (c) at once, one GPU each, one shared Triton cache:")
         print(f"{'node locks':12} {'all ready s':>11} {'node CPU s':>10} {'late':>4}")
