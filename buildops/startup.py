@@ -1,6 +1,9 @@
-"""Thin helpers for an engine's startup: named phases with their durations, and the rehearse-then-load pattern.
+"""Thin helpers for an engine's startup: named phases with their durations, the rehearse-then-load pattern, and
+starting the build workers early.
 
-    from buildops.startup import phase, rehearse_then_load
+    from buildops.startup import phase, rehearse_then_load, start_build_workers
+
+    start_build_workers()            # first thing: they take seconds to start
 
     with phase("create model"):
         model = Model(config)
@@ -27,13 +30,28 @@ from typing import TypeVar
 from ._capture import prepare_graph_capture
 from ._passes import rehearsal
 
-__all__ = ["phase", "phases", "rehearse_then_load"]
+__all__ = ["phase", "phases", "rehearse_then_load", "start_build_workers"]
 
 logger = logging.getLogger("buildops")
 T = TypeVar("T")
 
 _phases: list[tuple[str, float]] = []
 _lock = threading.Lock()
+
+
+def start_build_workers() -> bool:
+    """Start the worker processes that Triton builds compile in, now, in the background, where builds will use
+    them (``BUILDOPS_EXECUTOR=processes``, or ``auto`` on 8 CPUs or more); returns whether it did. Returns at once.
+
+    Workers take seconds to be ready (a forkserver imports torch and Triton, then forks them). Without this call
+    they start with the first Triton build and the first builds wait for them; an engine that calls it before it
+    creates its model has them ready by the time the model lists its builds. Without Triton it does nothing.
+    """
+    try:
+        from . import triton as triton_builds
+    except ImportError:
+        return False
+    return triton_builds.start_workers()
 
 
 @contextlib.contextmanager

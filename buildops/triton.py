@@ -268,6 +268,14 @@ def _executor() -> str:
     return executor
 
 
+def start_workers() -> bool:
+    """Start the worker processes in the background if builds will use them (see ``startup.start_build_workers``)."""
+    if _executor() != "processes":
+        return False
+    _processes.start()
+    return True
+
+
 def _picklable_reference(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[str, str] | None:
     """``(module, qualname)`` under which a worker can import this kernel, or None (then it builds in a thread)."""
     module, qualname = jit.fn.__module__, jit.fn.__qualname__

@@ -1,4 +1,5 @@
 import threading
+import time
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import buildops
 from buildops import (BuildConfig, BuildState, DynamicSpec, GraphCaptureDuringBuild, lists_kernels,
                       prepare_graph_capture)
 from buildops._builder import current_builder, default_builder
-from buildops.startup import phase, phases, rehearse_then_load
+from buildops.startup import phase, phases, rehearse_then_load, start_build_workers
 
 from conftest import WAIT
 
@@ -80,3 +81,16 @@ def test_rehearse_then_load_can_start_the_load_with_the_rehearsal(runs):
 
     assert rehearse_then_load(rehearse, load, overlap=True) == "weights"
     assert current_builder().state(("op", 8)) is BuildState.BUILT
+
+
+def test_build_workers_start_early_only_where_builds_use_them():
+    triton_builds = pytest.importorskip("buildops.triton")
+    with buildops.settings.scope(executor="threads"):
+        assert not start_build_workers() and not triton_builds._processes.started
+    with buildops.settings.scope(executor="processes", threads=1):
+        assert start_build_workers()  # returns at once; the workers start in the background, with no build
+        for _ in range(int(WAIT * 6 / 0.1)):
+            if triton_builds._processes.warm():
+                break
+            time.sleep(0.1)
+        assert triton_builds._processes.warm()
