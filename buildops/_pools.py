@@ -16,7 +16,6 @@ import concurrent.futures
 import concurrent.futures.process
 import logging
 import multiprocessing
-import multiprocessing.forkserver
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -33,11 +32,13 @@ def _context(preload: Sequence[str]) -> multiprocessing.context.BaseContext:
     """The forkserver, with ``preload`` added to what it imports when it starts, where the platform has one."""
     if not preload or "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
+    from multiprocessing import forkserver
+
     context = multiprocessing.get_context("forkserver")
     # The forkserver is Python's, shared with any other user of it in this process: keep what they asked it to
     # preload ("__main__" by default). Once it runs, a new list changes nothing; our workers then import for
     # themselves, as spawned ones do.
-    server = multiprocessing.forkserver._forkserver
+    server = forkserver._forkserver
     current = list(getattr(server, "_preload_modules", ["__main__"]))
     context.set_forkserver_preload(current + [m for m in preload if m not in current])
     return context
