@@ -311,12 +311,6 @@ class Builder:
                     if r.build.uses_gpu and r.state in (BuildState.QUEUED, BuildState.BUILDING)]
 
     @property
-    def queued(self) -> int:
-        """How many builds wait for a worker now."""
-        with self._lock:
-            return sum(r.state is BuildState.QUEUED for r in self._records.values())
-
-    @property
     def workers(self) -> int:
         with self._lock:
             return len(self._workers)
