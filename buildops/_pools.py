@@ -17,15 +17,36 @@ import concurrent.futures.process
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._builder import add_shutdown_hook
 
-__all__ = ["WorkerPool"]
+__all__ = ["WorkerPool", "start_forkserver"]
 
 logger = logging.getLogger("buildops")
+
+
+def _refuse_while_importing_main() -> None:
+    """Workers import the main module as they start (multiprocessing's spawn and forkserver do): one whose
+    top-level code starts workers would start them again in every worker, and run the rest of its start there."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        main = getattr(sys.modules.get("__main__"), "__file__", "the main module")
+        raise RuntimeError(f"buildops: {main} starts build workers as it is imported, and this process is a worker "
+                           "importing it; put that code under `if __name__ == \"__main__\":`")
+
+
+def start_forkserver(preload: Sequence[str]) -> None:
+    """Start the forkserver a pool with this ``preload`` forks its workers from, now, and return at once: a process
+    that calls this before it imports torch has the forkserver's imports run beside its own. Where there is no
+    forkserver, nothing: spawned workers start with their pool."""
+    _refuse_while_importing_main()
+    if _context(preload).get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
 
 
 def _context(preload: Sequence[str]) -> multiprocessing.context.BaseContext:
@@ -75,6 +96,7 @@ class WorkerPool:
 
     def get(self) -> concurrent.futures.ProcessPoolExecutor:
         """The pool, started (not necessarily warm yet) if it was not. May block while the workers start."""
+        _refuse_while_importing_main()
         with self._lock:
             if self._pool is None:
                 if not self._hooked:

@@ -11,6 +11,9 @@ import os
 import time
 from typing import Any
 
+# What the forkserver that forks the workers imports first (see ``WorkerPool(preload=...)``).
+FORKSERVER_PRELOAD = ("buildops._triton_preload",)
+
 
 def start(backend: str, arch: int, warp_size: int) -> None:
     """Process initializer: compile for the parent's target without touching a GPU, and pay every one-time cost

@@ -3,7 +3,7 @@ starting the build workers early.
 
     from buildops.startup import phase, rehearse_then_load, start_build_workers
 
-    start_build_workers()            # first thing: they take seconds to start
+    start_build_workers()            # first thing, even before importing torch: they take seconds to start
 
     with phase("create model"):
         model = Model(config)
@@ -21,14 +21,17 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import gc
+import importlib.util
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from ._capture import prepare_graph_capture
+from ._config import triton_executor
 from ._passes import rehearsal
+from ._pools import start_forkserver
+from ._triton_worker import FORKSERVER_PRELOAD
 
 __all__ = ["phase", "phases", "rehearse_then_load", "start_build_workers"]
 
@@ -40,18 +43,32 @@ _lock = threading.Lock()
 
 
 def start_build_workers() -> bool:
-    """Start the worker processes that Triton builds compile in, now, in the background, where builds will use
-    them (``BUILDOPS_EXECUTOR=processes``, or ``auto`` on 8 CPUs or more); returns whether it did. Returns at once.
+    """Start the worker processes that Triton builds compile in, where builds will use them
+    (``BUILDOPS_EXECUTOR=processes``, or ``auto`` on 8 CPUs or more); returns whether it did. Returns at once.
 
-    Workers take seconds to be ready (a forkserver imports torch and Triton, then forks them). Without this call
-    they start with the first Triton build and the first builds wait for them; an engine that calls it before it
-    creates its model has them ready by the time the model lists its builds. Without Triton it does nothing.
+    Workers take seconds to be ready: a forkserver imports torch and Triton, then forks them. Without this call
+    they start with the first Triton build and the first builds wait for them. This module imports no torch, so
+    an engine can call this first thing, before its own imports, and the forkserver's imports run beside them.
+    The rest happens on a background thread: the workers are forked once the forkserver is ready, Triton's
+    install is hashed (the first build needs it), and what the first replay on meta tensors would import
+    (torch's symbolic shapes, 1-2 s on some hosts) is imported, so that the rehearsal does not wait for it.
+    Without Triton it does nothing.
     """
+    if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
+        return False
+    start_forkserver(FORKSERVER_PRELOAD)
+    threading.Thread(target=_prepare_builds, name="buildops-prepare", daemon=True).start()
+    return True
+
+
+def _prepare_builds() -> None:
     try:
         from . import triton as triton_builds
-    except ImportError:
-        return False
-    return triton_builds.start_workers()
+
+        triton_builds.prepare()
+        import torch.fx.experimental.symbolic_shapes  # noqa: F401 - see start_build_workers
+    except Exception:  # builds start their workers themselves, or fail where someone sees it
+        logger.debug("buildops: preparing builds in the background failed", exc_info=True)
 
 
 @contextlib.contextmanager
@@ -101,6 +118,8 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
                     rehearse()
                 loaded = loading.result()
     with phase(f"{name}: wait for GPU builds"):
+        from ._capture import prepare_graph_capture  # here: this module imports no torch (start_build_workers)
+
         prepare_graph_capture()
         # The rehearsal's replays leave many short-lived objects in reference cycles; collect them now rather
         # than in the middle of the first request.

@@ -38,7 +38,7 @@ from triton.runtime.jit import JITFunction, compute_cache_key
 
 from . import _late, _triton_worker
 from ._builder import Build, current_builder, on_builder_thread
-from ._config import settings
+from ._config import settings, triton_executor
 from ._gpu import run_admitted
 from ._pools import WorkerPool
 from ._specs import TensorSpec
@@ -218,7 +218,8 @@ class _WarmupRun:
         self.jit, self.args, self.kwargs, self.device = jit, args, kwargs, device
 
     def __call__(self) -> Any:
-        if _executor() == "processes":
+        _hash_triton_once()
+        if triton_executor() == "processes":
             reference = _picklable_reference(self.jit, self.args, self.kwargs)
             if reference is not None:
                 _compile_in_process(reference, self.args, self.kwargs)
@@ -251,29 +252,30 @@ _load_lock = threading.Lock()
 
 # -- worker processes -----------------------------------------------------------------------------------------
 
-# Triton's front end holds the GIL, so on many cores threads mostly wait for each other; processes do not.
-# Measured on a 16-core H200 host, 48 variants: 16 threads 4.6-5.9x serial, 16 warm processes 9.2-12.6x. On a few
-# cores the cost of starting processes is not won back. Processes only once warm (threads meanwhile) measured
-# slower still on the tiny LLM's startup: in-process compiles starved its rehearsal of the GIL while the workers
-# started, then the workers' start competed for the cores.
-AUTO_PROCESSES_FROM_CPUS = 8
+def prepare() -> None:
+    """Start the worker processes in the background if builds will use them, and pay this process's one-time
+    Triton cost now (see ``startup.start_build_workers``, which calls this on a background thread)."""
+    if triton_executor() == "processes":
+        _processes.start()
+    _hash_triton_once()
 
 
-def _executor() -> str:
-    """``threads`` or ``processes``; ``auto`` is processes where cores are many enough."""
-    executor = settings.executor
-    if executor == "auto":
-        from ._config import cpu_share
-        return "processes" if cpu_share() >= AUTO_PROCESSES_FROM_CPUS else "threads"
-    return executor
+try:
+    from triton.runtime.cache import triton_key as _triton_key
+except ImportError:  # moved in another Triton version: each process computes it once, perhaps on several threads
+    def _triton_key() -> str:
+        return ""
+
+_triton_key_lock = threading.Lock()
 
 
-def start_workers() -> bool:
-    """Start the worker processes in the background if builds will use them (see ``startup.start_build_workers``)."""
-    if _executor() != "processes":
-        return False
-    _processes.start()
-    return True
+def _hash_triton_once() -> None:
+    """A process's first Triton compile or cache lookup hashes Triton's install (``triton_key``: its sources and
+    libtriton). The result is cached, but the computation is not locked, so builder threads that got there together
+    each computed it, holding the GIL: a third of the builder threads' time in a profile of the tiny LLM's
+    startup, and the rehearsal and the autotuning beside them starved. Here one computes it and the others wait."""
+    with _triton_key_lock:
+        _triton_key()
 
 
 def _picklable_reference(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[str, str] | None:
@@ -297,7 +299,7 @@ def _pool_initargs() -> tuple:
 
 
 _processes = WorkerPool("Triton build", lambda: settings.threads, _triton_worker.start, _pool_initargs,
-                        warm_up=_triton_worker.ready, preload=["buildops._triton_preload"])
+                        warm_up=_triton_worker.ready, preload=_triton_worker.FORKSERVER_PRELOAD)
 
 
 def _compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict) -> None:

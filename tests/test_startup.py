@@ -1,3 +1,6 @@
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -94,3 +97,39 @@ def test_build_workers_start_early_only_where_builds_use_them():
                 break
             time.sleep(0.1)
         assert triton_builds._processes.warm()
+
+
+EARLY_START = r"""
+import sys, time
+import buildops.startup
+assert "torch" not in sys.modules  # so that an engine can start the workers before its own imports
+from buildops.startup import start_build_workers
+
+if __name__ == "__main__":  # workers import the main module as they start
+    assert start_build_workers()
+    import buildops.triton as triton_builds
+    for _ in range(600):
+        if triton_builds._processes.warm():
+            print("warm")
+            break
+        time.sleep(0.1)
+"""
+
+
+def test_build_workers_start_before_torch_is_imported(tmp_path):
+    pytest.importorskip("triton")
+    script = tmp_path / "early_start.py"
+    script.write_text(EARLY_START)
+    env = dict(os.environ, BUILDOPS_EXECUTOR="processes", BUILDOPS_THREADS="1")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["warm"], done.stderr[-3000:]
+
+
+def test_a_worker_importing_a_main_module_that_starts_workers_refuses_with_the_fix(monkeypatch):
+    import multiprocessing
+
+    # what a worker sees while it imports a main module without `if __name__ == "__main__":`
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with buildops.settings.scope(executor="processes"), \
+            pytest.raises(RuntimeError, match=r"put that code under `if __name__ == \"__main__\":`"):
+        start_build_workers()

@@ -313,12 +313,12 @@ def test_a_worker_killed_mid_build_does_not_hang_the_pass(fresh_triton, caplog):
 
 def test_auto_builds_in_workers_on_many_cores_and_in_threads_on_few(monkeypatch, parent_compiles):
     with settings.scope(executor="auto", threads=1):
-        monkeypatch.setattr(bt, "AUTO_PROCESSES_FROM_CPUS", 10_000)  # a machine with few cores
+        monkeypatch.setattr(buildops._config, "AUTO_PROCESSES_FROM_CPUS", 10_000)  # a machine with few cores
         with build_pass("few cores"):
             K.double_rows(torch.zeros(4, 8))
         assert not bt._processes.started and parent_compiles == [True] * 3  # compiled in the builder's thread
         parent_compiles.clear()
-        monkeypatch.setattr(bt, "AUTO_PROCESSES_FROM_CPUS", 1)  # a machine with many cores
+        monkeypatch.setattr(buildops._config, "AUTO_PROCESSES_FROM_CPUS", 1)  # a machine with many cores
         with build_pass("many cores"):
             K.double_rows(torch.zeros(40, 100))
         assert bt._processes.started and report().total("failed") == 0

@@ -2,9 +2,9 @@
 
     python -m examples.tiny_llm [--start buildops|warmup|lazy] [--size base|small] [--checkpoint PATH]
 
-    buildops  start the build workers -> create the model (its GEMM builds queue at once) -> dummy weights -> rehearsal (a context batch at
-              the maximum token count, one decode step) -> load the checkpoint while the builds run ->
-              join the GPU builds -> serve
+    buildops  start the build workers (before importing torch) -> create the model (its GEMM builds queue at
+              once) -> dummy weights -> rehearsal (a context batch at the maximum token count, one decode
+              step) -> load the checkpoint while the builds run -> join the GPU builds -> serve
     warmup    create -> load -> the same two forwards for real, one kernel compile after another -> serve
     lazy      create -> load -> serve (every kernel compiles in the first requests)
 
@@ -19,6 +19,22 @@ import time
 LAUNCHED = time.perf_counter()  # before the imports: they are part of a start
 
 import argparse  # noqa: E402
+import sys  # noqa: E402
+
+from buildops.startup import phase, phases, rehearse_then_load, start_build_workers  # noqa: E402 - no torch yet
+
+
+def starts_with_buildops(argv: list[str]) -> bool:
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--start", default="buildops")
+    return early.parse_known_args(argv)[0].start == "buildops"
+
+
+if __name__ == "__main__" and starts_with_buildops(sys.argv[1:]):
+    # Before torch is imported: the build workers' forkserver imports torch and Triton beside this process's own
+    # imports (seconds each on some hosts), not after them.
+    start_build_workers()
+
 import json  # noqa: E402
 import logging  # noqa: E402
 import tempfile  # noqa: E402
@@ -27,7 +43,6 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 import buildops  # noqa: E402
-from buildops.startup import phase, phases, rehearse_then_load, start_build_workers  # noqa: E402
 
 from . import kernels as K  # noqa: E402
 from .checkpoint import load_checkpoint, make_checkpoint  # noqa: E402
@@ -117,8 +132,6 @@ def build_seconds() -> tuple[float, float]:
 
 def main() -> None:
     args = parse_args()
-    if args.start == "buildops":
-        start_build_workers()  # they take seconds to start: let that overlap making the model
     launched = LAUNCHED
     imported = time.perf_counter() - launched
     logging.basicConfig(level=logging.INFO, format="%(relativeCreated)8.0f ms  %(message)s")
