@@ -1,0 +1,137 @@
+"""Where a buildops start of examples/tiny_llm spends its time: one start, in this process, with a timeline of its
+phases and builds and the sampled stacks of its main thread, its autotuning thread and its builder threads.
+
+    python3 benchmarks/startup_profile.py [--overlap-load] [--size base]
+
+Run from the repository root on the GPU machine, after ``benchmarks/startup.py`` made the checkpoint. Each run
+uses an empty Triton cache in a temporary directory (``TRITON_CACHE_DIR`` if set) and reads the checkpoint from
+disk. Stacks are sampled every 5 ms (builder threads every 20 ms) by a Python thread, which needs the GIL itself:
+a thread that waits for the GIL shows in the C call it returns from.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+LAUNCHED = time.perf_counter()
+
+from buildops.startup import start_build_workers  # noqa: E402 - before torch, as the example does
+
+if __name__ == "__main__":
+    start_build_workers()
+
+import collections  # noqa: E402
+import contextlib  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = {"buildops-serial": "autotuning", "buildops-worker": "builders"}
+
+
+class Sampler:
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, str, tuple[str, ...]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        main, tick = threading.main_thread().ident, 0
+        while not self._stop.wait(0.005):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            now = time.perf_counter() - LAUNCHED
+            for ident, frame in sys._current_frames().items():
+                name = names.get(ident, "")
+                kind = "main" if ident == main else next((k for p, k in KINDS.items() if name.startswith(p)), None)
+                if kind is None or (kind == "builders" and tick % 4):
+                    continue
+                stack = []
+                while frame is not None:
+                    stack.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}")
+                    frame = frame.f_back
+                self.samples.append((now, kind, tuple(stack)))
+            tick += 1
+
+    def top(self, kind: str, start: float, end: float, n: int = 12) -> list[str]:
+        """The innermost frames most often seen, with the share of samples, as text lines."""
+        stacks = [s for t, k, s in self.samples if k == kind and start <= t <= end]
+        counts = collections.Counter(" <- ".join(s[:3]) for s in stacks if s)
+        return [f"    {c / len(stacks):6.1%}  {frames}" for frames, c in counts.most_common(n)]
+
+
+def main() -> None:
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="buildops-profile-triton-"))
+    sys.path.insert(0, str(ROOT))
+    import buildops._builder as builder_module
+    import buildops.startup as startup
+    import examples.tiny_llm.__main__ as example
+
+    checkpoint = Path(tempfile.gettempdir()) / "buildops-tiny-llm" / "base.safetensors"
+    if checkpoint.exists():
+        from benchmarks.startup import drop_from_page_cache
+        drop_from_page_cache(checkpoint)
+
+    builds, phases = [], []
+    run_build = builder_module.Builder._run
+
+    def timed_run(self, record) -> None:  # every build's start and end
+        start = time.perf_counter() - LAUNCHED
+        run_build(self, record)
+        builds.append((record.build, start, time.perf_counter() - LAUNCHED, getattr(record.build.run, "waited", 0)))
+
+    timed_phase = startup.phase
+
+    @contextlib.contextmanager
+    def phase(name: str):
+        start = time.perf_counter() - LAUNCHED
+        with timed_phase(name):
+            yield
+        phases.append((name, start, time.perf_counter() - LAUNCHED))
+
+    builder_module.Builder._run = timed_run
+    startup.phase = example.phase = phase
+    sys.argv = ["tiny_llm", "--start", "buildops", *sys.argv[1:]]
+    example.LAUNCHED = LAUNCHED
+    with Sampler() as sampler:
+        try:
+            example.main()
+        finally:
+            report(phases, builds, sampler)
+
+
+def report(phases: list, builds: list, sampler: Sampler) -> None:
+    print("\nphases (s since launch):")
+    for name, start, end in phases:
+        print(f"  {name:32} {start:6.2f} -> {end:6.2f}  ({end - start:.2f})")
+    compiles = [b for b in builds if not b[0].serial]
+    tunes = [b for b in builds if b[0].serial]
+    if compiles:
+        print(f"compile builds: {len(compiles)}, first began {min(b[1] for b in compiles):.2f}, last ended "
+              f"{max(b[2] for b in compiles):.2f}, summed {sum(b[2] - b[1] for b in compiles):.2f} s")
+    if tunes:
+        print(f"autotuning builds: {len(tunes)}, first began {min(b[1] for b in tunes):.2f}, last ended "
+              f"{max(b[2] for b in tunes):.2f}; tuning {sum(b[2] - b[1] - b[3] for b in tunes):.2f} s, waiting "
+              f"for compiles {sum(b[3] for b in tunes):.2f} s")
+    for name, start, end in phases:
+        print(f"\n{name}: main thread")
+        print("\n".join(sampler.top("main", start, end)))
+    for kind, chosen in (("autotuning", tunes), ("builders", compiles)):
+        if chosen:
+            start, end = min(b[1] for b in chosen), max(b[2] for b in chosen)
+            print(f"\n{kind} threads, {start:.2f} -> {end:.2f}")
+            print("\n".join(sampler.top(kind, start, end)))
+
+
+if __name__ == "__main__":
+    main()
