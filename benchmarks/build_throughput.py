@@ -132,9 +132,10 @@ def main() -> None:
         processes = timed(lambda: list(pool.map(process_compile, *zip(*launches),
                                                 [os.environ["TRITON_CACHE_DIR"]] * len(launches))))
 
-    from buildops.triton import _executor, _processes, triton_builds
+    from buildops._config import triton_executor
+    from buildops.triton import _processes, triton_builds
     with buildops.settings.scope(threads=workers, progress_after=3600):
-        executor = _executor()
+        executor = triton_executor()
         if executor != "threads":  # buildops' own workers, started and warm, as a long pass would have them
             while not _processes.warm():
                 time.sleep(0.05)
