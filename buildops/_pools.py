@@ -71,7 +71,7 @@ class WorkerPool:
     Args:
         name: what logs call the workers.
         workers: how many, asked when the pool starts.
-        initializer, initargs: run in each worker as it starts; ``initargs`` is asked when the pool starts.
+        initializer: run in each worker as it starts.
         warm_up: a task submitted once per worker when the pool starts, so that all of them start at once and
             :meth:`warm` can tell when they have (each runs ``initializer`` before its first task).
         preload: modules the forkserver imports once, before it forks any worker (see the module docstring).
@@ -79,9 +79,8 @@ class WorkerPool:
     """
 
     def __init__(self, name: str, workers: Callable[[], int], initializer: Callable | None = None,
-                 initargs: Callable[[], tuple] = tuple, warm_up: Callable[[], Any] | None = None,
-                 preload: Sequence[str] = ()) -> None:
-        self.name, self._workers, self._initializer, self._initargs = name, workers, initializer, initargs
+                 warm_up: Callable[[], Any] | None = None, preload: Sequence[str] = ()) -> None:
+        self.name, self._workers, self._initializer = name, workers, initializer
         self._warm_up, self._preload = warm_up, tuple(preload)
         self._lock = threading.Lock()  # held while the pool starts, which can take seconds (a forkserver's imports)
         self._launch_lock = threading.Lock()
@@ -106,7 +105,7 @@ class WorkerPool:
                 workers = self._workers()
                 pool = concurrent.futures.ProcessPoolExecutor(
                     max_workers=workers, mp_context=_context(self._preload),
-                    initializer=self._initializer, initargs=self._initargs())
+                    initializer=self._initializer)
                 if self._warm_up is not None:
                     self._starting = [pool.submit(self._warm_up) for _ in range(workers)]
                 self._pool = pool  # only now: warm() must not see a pool without its warm-up futures

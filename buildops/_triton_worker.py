@@ -1,7 +1,7 @@
 """What runs inside a Triton build worker process: compile one kernel variant into the shared Triton cache.
 
 Kept apart from ``buildops.triton`` so that a worker imports only this, Triton, and the kernel's own module.
-Workers never initialise a GPU: they compile for the parent's target through a compile-only driver.
+Workers never initialise a GPU: they compile for the target each build names through a compile-only driver.
 """
 
 from __future__ import annotations
@@ -15,10 +15,23 @@ from typing import Any
 FORKSERVER_PRELOAD = ("buildops._triton_preload",)
 
 
-def start(backend: str, arch: int, warp_size: int) -> None:
-    """Process initializer: compile for the parent's target without touching a GPU, and pay every one-time cost
-    of a first compile (hashing Triton's install, loading LLVM, asking ptxas its version) before any build.
-    In a worker forked from a forkserver that ran :func:`warm_up_compiler`, those costs are already paid."""
+def start(backend: str = "cuda", arch: int = 90, warp_size: int = 32) -> None:
+    """Process initializer: compile through a compile-only driver, never touching a GPU (each build names its
+    target, :func:`compile_variant`), and pay every one-time cost of a first compile (hashing Triton's install,
+    loading LLVM, asking ptxas its version) before any build. In a worker forked from a forkserver that ran
+    :func:`warm_up_compiler`, those costs are already paid."""
+    use_target(backend, arch, warp_size)
+    _compile_a_small_kernel()
+
+
+_target: tuple[str, int, int] | None = None  # what this process compiles for, once use_target set it
+
+
+def use_target(backend: str, arch: int, warp_size: int) -> None:
+    """Compile for this target from now on, through a compile-only driver (a no-op if it already does)."""
+    global _target
+    if _target == (backend, arch, warp_size):
+        return
     from triton.runtime.driver import driver
 
     from .triton import CompileOnlyDriver
@@ -26,17 +39,12 @@ def start(backend: str, arch: int, warp_size: int) -> None:
     compile_only = CompileOnlyDriver(backend, arch)
     compile_only.target = type(compile_only.target)(backend, arch, warp_size)
     driver.set_active(compile_only)
-    _compile_a_small_kernel()
+    _target = (backend, arch, warp_size)
 
 
 def warm_up_compiler() -> None:
-    """Pay Triton's one-time costs for a default target (``cuda:90``) in a process that will fork workers.
-    Leaves a compile-only driver active: each worker's :func:`start` installs its parent's target."""
-    from triton.runtime.driver import driver
-
-    from .triton import CompileOnlyDriver
-
-    driver.set_active(CompileOnlyDriver("cuda", 90))
+    """Pay Triton's one-time costs for a default target (``cuda:90``) in a process that will fork workers."""
+    use_target("cuda", 90, 32)
     _compile_a_small_kernel()
 
 
@@ -83,10 +91,13 @@ def resolve(module: str, qualname: str) -> Any:
     return obj
 
 
-def compile_variant(module: str, qualname: str, args: tuple, kwargs: dict, cache_dir: str) -> float:
-    """Compile one variant into ``cache_dir``; returns the seconds it took. The parent then loads it from disk."""
+def compile_variant(module: str, qualname: str, args: tuple, kwargs: dict, cache_dir: str,
+                    target: tuple[str, int, int]) -> float:
+    """Compile one variant for ``target`` (backend, arch, warp size) into ``cache_dir``; returns the seconds it
+    took. The parent then loads it from disk."""
     from .triton import _inner_jit
 
+    use_target(*target)
     os.environ["TRITON_CACHE_DIR"] = cache_dir
     jit = _inner_jit(resolve(module, qualname))
     start_time = time.perf_counter()

@@ -203,7 +203,7 @@ class _Recording:
         label = f"{jit.fn.__name__}[{options}]" if options else jit.fn.__name__
         _note_listed(_kernel_name(jit), self.op)
         # On a GPU the build also loads the module: GPU work, which graph capture must not overlap.
-        run = _WarmupRun(jit, stand_ins, kwargs, device)
+        run = _WarmupRun(jit, stand_ins, kwargs, device, the_target)
         self.builds.append(Build(self.op, key, run, uses_gpu=not _compile_only(), label=label, library="triton"))
 
 
@@ -214,15 +214,15 @@ class _WarmupRun:
     here is then a disk-cache hit (about a millisecond) that puts the kernel in this process's memory.
     """
 
-    def __init__(self, jit: JITFunction, args: tuple, kwargs: dict, device: int) -> None:
-        self.jit, self.args, self.kwargs, self.device = jit, args, kwargs, device
+    def __init__(self, jit: JITFunction, args: tuple, kwargs: dict, device: int, the_target: GPUTarget) -> None:
+        self.jit, self.args, self.kwargs, self.device, self.target = jit, args, kwargs, device, the_target
 
     def __call__(self) -> Any:
         _hash_triton_once()
         if triton_executor() == "processes":
             reference = _picklable_reference(self.jit, self.args, self.kwargs)
             if reference is not None:
-                _compile_in_process(reference, self.args, self.kwargs)
+                _compile_in_process(reference, self.args, self.kwargs, self.target)
         if _compile_only():
             return self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
         with torch.cuda.device(self.device):
@@ -293,22 +293,19 @@ def _picklable_reference(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[s
     return module, qualname
 
 
-def _pool_initargs() -> tuple:
-    the_target = target()
-    return the_target.backend, the_target.arch, the_target.warp_size
+# Workers learn the target with each build, not when they start: starting them (start_build_workers, maybe
+# before the engine picked its GPU) must not initialise CUDA here, which asking for the target does.
+_processes = WorkerPool("Triton build", lambda: settings.threads, _triton_worker.start, warm_up=_triton_worker.ready,
+                        preload=_triton_worker.FORKSERVER_PRELOAD)
 
 
-_processes = WorkerPool("Triton build", lambda: settings.threads, _triton_worker.start, _pool_initargs,
-                        warm_up=_triton_worker.ready, preload=_triton_worker.FORKSERVER_PRELOAD)
-
-
-def _compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict) -> None:
+def _compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict, the_target: GPUTarget) -> None:
     """Compile in a worker process (crashes: see ``WorkerPool.run``); a kernel the worker cannot import is left to
     the calling thread's own warmup."""
     module, qualname = reference
     try:
         _processes.run(f"{module}.{qualname}", _triton_worker.compile_variant, module, qualname, args, kwargs,
-                       knobs.cache.dir)
+                       knobs.cache.dir, (the_target.backend, the_target.arch, the_target.warp_size))
     except (ImportError, AttributeError):
         logger.debug("buildops: worker cannot import %s.%s; building it in a thread", module, qualname,
                      exc_info=True)
