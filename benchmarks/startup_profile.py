@@ -73,7 +73,7 @@ class Sampler:
 def main() -> None:
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="buildops-profile-triton-"))
     sys.path.insert(0, str(ROOT))
-    import buildops._builder as builder_module
+    import buildops
     import buildops.startup as startup
     import examples.tiny_llm.__main__ as example
 
@@ -82,14 +82,7 @@ def main() -> None:
         from benchmarks.startup import drop_from_page_cache
         drop_from_page_cache(checkpoint)
 
-    builds, phases = [], []
-    run_build = builder_module.Builder._run
-
-    def timed_run(self, record) -> None:  # every build's start and end
-        start = time.perf_counter() - LAUNCHED
-        run_build(self, record)
-        builds.append((record.build, start, time.perf_counter() - LAUNCHED, getattr(record.build.run, "waited", 0)))
-
+    phases = []
     timed_phase = startup.phase
 
     @contextlib.contextmanager
@@ -99,14 +92,24 @@ def main() -> None:
             yield
         phases.append((name, start, time.perf_counter() - LAUNCHED))
 
-    builder_module.Builder._run = timed_run
+    last_report = None
+    shutdown = buildops.shutdown
+
+    def report_then_shutdown(*args, **kwargs) -> None:  # the example's last step forgets the builder's history
+        nonlocal last_report
+        last_report = buildops.report()
+        shutdown(*args, **kwargs)
+
     startup.phase = example.phase = phase
+    buildops.shutdown = report_then_shutdown
     sys.argv = ["tiny_llm", "--start", "buildops", *sys.argv[1:]]
     example.LAUNCHED = LAUNCHED
     with Sampler() as sampler:
         try:
             example.main()
         finally:
+            builds = [(r.build, r.started - LAUNCHED, r.started - LAUNCHED + r.seconds, r.waited)
+                      for r in (last_report or buildops.report()).builds if r.started is not None]
             report(phases, builds, sampler)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 from ._config import settings
 from ._node import node_claims
 
-__all__ = ["Build", "BuildState", "Builder", "OpStats", "default_builder", "join", "shutdown"]
+__all__ = ["Build", "BuildRecord", "BuildState", "Builder", "OpStats", "default_builder", "join", "shutdown"]
 
 logger = logging.getLogger("buildops")
 
@@ -48,6 +48,8 @@ class Build:
         called on any worker thread; its return value is kept on the future; an exception marks the build failed.
       * ``uses_gpu`` is true when ``run`` allocates GPU memory or launches GPU work, so that
         ``join(gpu_only=True)`` waits for it.
+      * ``run`` may have a ``waited`` attribute: the seconds its call spent waiting for other builds (an
+        autotuning for its compiles), which reports count apart from its own time.
     """
 
     op: str
@@ -84,6 +86,20 @@ class OpStats:
     wait_seconds: float = 0.0  # time calls of the op spent waiting for builds outside a pass
 
 
+@dataclass(frozen=True)
+class BuildRecord:
+    """One build as the builder saw it: ``seconds`` its run took (0 until it ends), ``waited`` of those spent
+    waiting for other builds, ``started`` the ``time.perf_counter()`` at which its run began (None if it never
+    ran)."""
+
+    build: Build
+    state: BuildState
+    seconds: float
+    waited: float
+    started: float | None
+    error: BaseException | None
+
+
 @dataclass(eq=False)
 class _Record:
     build: Build
@@ -91,6 +107,7 @@ class _Record:
     owners: set = field(default_factory=set)  # passes that still want it; None: submitted outside a pass
     state: BuildState = BuildState.QUEUED
     seconds: float = 0.0
+    started: float | None = None
     error: BaseException | None = None
 
 
@@ -169,10 +186,11 @@ class Builder:
     def _run(self, record: _Record) -> None:
         if not record.future.set_running_or_notify_cancel():
             return  # cancelled while queued
+        start = time.perf_counter()
         with self._lock:
             record.state = BuildState.BUILDING
+            record.started = start
             self._busy += 1
-        start = time.perf_counter()
         try:
             result = record.build.run()
         except BaseException as exc:  # a build's failure is the op's to handle by compiling on first use
@@ -293,10 +311,11 @@ class Builder:
         with self._lock:
             return {op: replace(s) for op, s in self._stats.items()}
 
-    def history(self) -> list[tuple[Build, BuildState, float, BaseException | None]]:
-        """Every build submitted, in order: (build, state, seconds, error)."""
+    def history(self) -> list[BuildRecord]:
+        """Every build submitted, in order."""
         with self._lock:
-            return [(r.build, r.state, r.seconds, r.error) for r in self._history]
+            return [BuildRecord(r.build, r.state, r.seconds, getattr(r.build.run, "waited", 0.0), r.started, r.error)
+                    for r in self._history]
 
     @property
     def busy(self) -> int:

@@ -1,14 +1,15 @@
-"""What the builder did, per op (listed, built, failed, cancelled, seconds spent building and waiting), and what
-compiled late anyway: per library, how many kernels were prebuilt against how many compiled on first use."""
+"""What the builder did, per op (listed, built, failed, cancelled, seconds spent building and waiting) and per
+build (when it ran, for how long), and what compiled late anyway: per library, how many kernels were prebuilt
+against how many compiled on first use."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._builder import BuildState, current_builder
+from ._builder import BuildRecord, BuildState, current_builder
 from ._late import LateCompile, late_compiles
 
-__all__ = ["OpReport", "Report", "report"]
+__all__ = ["BuildRecord", "OpReport", "Report", "report"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Report:
     failures: tuple[tuple[str, str, str], ...]  # (op, build, error)
     prebuilt: dict[str, int] = field(default_factory=dict)  # per library ("triton", ...): builds built
     late: tuple[LateCompile, ...] = ()
+    builds: tuple[BuildRecord, ...] = ()  # every build submitted, in order
 
     def coverage(self) -> dict[str, tuple[int, int]]:
         """Per library: (kernels prebuilt, kernels compiled late)."""
@@ -72,13 +74,15 @@ def report() -> Report:
     pending: dict[str, int] = {}
     prebuilt: dict[str, int] = {}
     failures = []
-    for build, state, _seconds, error in builder.history():
+    history = builder.history()
+    for record in history:
+        build, state = record.build, record.state
         if state in (BuildState.QUEUED, BuildState.BUILDING):
             pending[build.op] = pending.get(build.op, 0) + 1
         elif state is BuildState.FAILED:
-            failures.append((build.op, build.describe(), f"{type(error).__name__}: {error}"))
+            failures.append((build.op, build.describe(), f"{type(record.error).__name__}: {record.error}"))
         elif state is BuildState.BUILT and build.library:
             prebuilt[build.library] = prebuilt.get(build.library, 0) + 1
     ops = tuple(OpReport(op, s.listed, s.shared, s.built, s.failed, s.cancelled, pending.get(op, 0),
                          s.build_seconds, s.wait_seconds) for op, s in sorted(stats.items()))
-    return Report(ops, tuple(failures), prebuilt, late)
+    return Report(ops, tuple(failures), prebuilt, late, tuple(history))

@@ -1,5 +1,6 @@
 import os
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -106,3 +107,19 @@ def test_a_forked_child_gets_a_fresh_builder(runs):
     gate.set()
     assert os.waitstatus_to_exitcode(status) == 0
     assert buildops.join(timeout=WAIT) and parent.state("held") is BuildState.BUILT
+
+
+def test_the_report_keeps_every_build_with_when_it_ran_and_how_long_it_waited():
+    class WaitsForOthers:
+        waited = 0.0
+
+        def __call__(self):
+            self.waited = 0.01
+            time.sleep(0.02)
+
+    before = time.perf_counter()
+    default_builder().submit(Build("op", "key", WaitsForOthers()))
+    assert buildops.join(timeout=WAIT)
+    (record,) = buildops.report().builds
+    assert record.state is BuildState.BUILT and record.build.key == "key"
+    assert record.started >= before and record.seconds >= 0.02 and record.waited == 0.01

@@ -120,13 +120,9 @@ def count_compiles() -> list[str]:
 
 def build_seconds() -> tuple[float, float]:
     """Seconds the builds spent compiling and autotuning (not counting a tune's wait for the compiles it times)."""
-    builder = buildops._builder.current_builder()
-    compiling = tuning = 0.0
-    for build, _state, seconds, _error in builder.history() if builder is not None else []:
-        if build.label.startswith("autotune"):
-            tuning += seconds - getattr(build.run, "waited", 0.0)
-        elif build.library == "triton":
-            compiling += seconds
+    builds = buildops.report().builds
+    compiling = sum(b.seconds for b in builds if b.build.library == "triton" and not b.build.serial)
+    tuning = sum(b.seconds - b.waited for b in builds if b.build.serial)
     return compiling, tuning
 
 
