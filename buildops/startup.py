@@ -49,9 +49,9 @@ def start_build_workers() -> bool:
     Workers take seconds to be ready: a forkserver imports torch and Triton, then forks them. Without this call
     they start with the first Triton build and the first builds wait for them. This module imports no torch, so
     an engine can call this first thing, before its own imports, and the forkserver's imports run beside them.
-    The rest happens on a background thread: the workers are forked once the forkserver is ready, Triton's
-    install is hashed (the first build needs it), and what the first replay on meta tensors would import
-    (torch's symbolic shapes, 1-2 s on some hosts) is imported, so that the rehearsal does not wait for it.
+    The rest happens on a background thread: the workers are forked once the forkserver is ready, what the first
+    replay on meta tensors would import (torch's symbolic shapes, 1-2 s on some hosts) is imported, so that the
+    rehearsal does not wait for it, and Triton's install is hashed (the first build needs it).
     Without Triton it does nothing.
     """
     if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
@@ -65,8 +65,10 @@ def _prepare_builds() -> None:
     try:
         from . import triton as triton_builds
 
-        triton_builds.prepare()
+        triton_builds.start_workers()
+        # Before hashing Triton: the rehearsal's first replay needs it sooner than the first build needs the hash.
         import torch.fx.experimental.symbolic_shapes  # noqa: F401 - see start_build_workers
+        triton_builds.hash_install()
     except Exception:  # builds start their workers themselves, or fail where someone sees it
         logger.debug("buildops: preparing builds in the background failed", exc_info=True)
 

@@ -218,7 +218,7 @@ class _WarmupRun:
         self.jit, self.args, self.kwargs, self.device, self.target = jit, args, kwargs, device, the_target
 
     def __call__(self) -> Any:
-        _hash_triton_once()
+        hash_install()
         if triton_executor() == "processes":
             reference = _picklable_reference(self.jit, self.args, self.kwargs)
             if reference is not None:
@@ -252,12 +252,10 @@ _load_lock = threading.Lock()
 
 # -- worker processes -----------------------------------------------------------------------------------------
 
-def prepare() -> None:
-    """Start the worker processes in the background if builds will use them, and pay this process's one-time
-    Triton cost now (see ``startup.start_build_workers``, which calls this on a background thread)."""
+def start_workers() -> None:
+    """Start the worker processes in the background if builds will use them (``startup.start_build_workers``)."""
     if triton_executor() == "processes":
         _processes.start()
-    _hash_triton_once()
 
 
 try:
@@ -269,11 +267,12 @@ except ImportError:  # moved in another Triton version: each process computes it
 _triton_key_lock = threading.Lock()
 
 
-def _hash_triton_once() -> None:
-    """A process's first Triton compile or cache lookup hashes Triton's install (``triton_key``: its sources and
-    libtriton). The result is cached, but the computation is not locked, so builder threads that got there together
-    each computed it, holding the GIL: a third of the builder threads' time in a profile of the tiny LLM's
-    startup, and the rehearsal and the autotuning beside them starved. Here one computes it and the others wait."""
+def hash_install() -> None:
+    """Pay this process's one-time Triton cost now: its first compile or cache lookup hashes Triton's install
+    (``triton_key``: its sources and libtriton). The result is cached, but the computation is not locked, so
+    builder threads that got there together each computed it, holding the GIL: a third of the builder threads'
+    time in a profile of the tiny LLM's startup, and the rehearsal and the autotuning beside them starved. Here
+    one computes it and the others wait."""
     with _triton_key_lock:
         _triton_key()
 
