@@ -68,7 +68,7 @@ def _prepare_builds() -> None:
         triton_builds.start_workers()
         # Before hashing Triton: the rehearsal's first replay needs it sooner than the first build needs the hash.
         import torch.fx.experimental.symbolic_shapes  # noqa: F401 - see start_build_workers
-        triton_builds.hash_install()
+        triton_builds.hash_triton_install()
     except Exception:  # builds start their workers themselves, or fail where someone sees it
         logger.debug("buildops: preparing builds in the background failed", exc_info=True)
 

@@ -219,7 +219,7 @@ class _WarmupRun:
         self.jit, self.args, self.kwargs, self.device, self.target = jit, args, kwargs, device, the_target
 
     def __call__(self) -> Any:
-        hash_install()
+        hash_triton_install()
         if triton_executor() == "processes":
             reference = _picklable_reference(self.jit, self.args, self.kwargs)
             if reference is not None:
@@ -268,7 +268,7 @@ except ImportError:  # moved in another Triton version: each process computes it
 _triton_key_lock = threading.Lock()
 
 
-def hash_install() -> None:
+def hash_triton_install() -> None:
     """Pay this process's one-time Triton cost now: its first compile or cache lookup hashes Triton's install
     (``triton_key``: its sources and libtriton). The result is cached, but the computation is not locked, so
     builder threads that got there together each computed it, holding the GIL: a third of the builder threads'
