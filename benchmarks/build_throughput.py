@@ -137,6 +137,7 @@ def main() -> None:
     with buildops.settings.scope(threads=workers, progress_after=3600):
         executor = triton_executor()
         if executor != "threads":  # buildops' own workers, started and warm, as a long pass would have them
+            _processes.start()
             while not _processes.warm():
                 time.sleep(0.05)
         builder = buildops._builder.default_builder()

@@ -24,7 +24,7 @@ from typing import Any
 
 from ._builder import add_shutdown_hook
 
-__all__ = ["WorkerPool", "start_forkserver"]
+__all__ = ["WorkerPool"]
 
 logger = logging.getLogger("buildops")
 
@@ -33,20 +33,9 @@ def _refuse_while_importing_main() -> None:
     """Workers import the main module as they start (multiprocessing's spawn and forkserver do): one whose
     top-level code starts workers would start them again in every worker, and run the rest of its start there."""
     if getattr(multiprocessing.current_process(), "_inheriting", False):
-        main = getattr(sys.modules.get("__main__"), "__file__", "the main module")
+        main = getattr(sys.modules.get("__mp_main__"), "__file__", None) or "the main module"
         raise RuntimeError(f"buildops: {main} starts build workers as it is imported, and this process is a worker "
                            "importing it; put that code under `if __name__ == \"__main__\":`")
-
-
-def start_forkserver(preload: Sequence[str]) -> None:
-    """Start the forkserver a pool with this ``preload`` forks its workers from, now, and return at once: a process
-    that calls this before it imports torch has the forkserver's imports run beside its own. Where there is no
-    forkserver, nothing: spawned workers start with their pool."""
-    _refuse_while_importing_main()
-    if _context(preload).get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
 
 
 def _context(preload: Sequence[str]) -> multiprocessing.context.BaseContext:
@@ -113,6 +102,7 @@ class WorkerPool:
 
     def start(self) -> None:
         """Start the workers on a thread of their own and return at once."""
+        _refuse_while_importing_main()
         with self._launch_lock:
             if self._pool is not None or self._launcher is not None:
                 return
@@ -129,12 +119,8 @@ class WorkerPool:
                 self._launcher = None
 
     def warm(self) -> bool:
-        """True once every worker has started and warmed up; starts them in the background if nobody did yet."""
-        pool = self._pool
-        if pool is None:
-            self.start()
-            return False
-        return all(f.done() for f in self._starting)
+        """True once the workers have started and every one warmed up without error."""
+        return self._pool is not None and all(f.done() and f.exception() is None for f in self._starting)
 
     def run(self, what: str, fn: Callable, *args: Any) -> Any:
         """``fn(*args)`` in a worker. A crashed worker is replaced and the call retried once, then it raises."""

@@ -11,9 +11,6 @@ import os
 import time
 from typing import Any
 
-# What the forkserver that forks the workers imports first (see ``WorkerPool(preload=...)``).
-FORKSERVER_PRELOAD = ("buildops._triton_preload",)
-
 
 def start(backend: str = "cuda", arch: int = 90, warp_size: int = 32) -> None:
     """Process initializer: compile through a compile-only driver, never touching a GPU (each build names its
@@ -21,14 +18,19 @@ def start(backend: str = "cuda", arch: int = 90, warp_size: int = 32) -> None:
     loading LLVM, asking ptxas its version) before any build. In a worker forked from a forkserver that ran
     :func:`warm_up_compiler`, those costs are already paid."""
     use_target(backend, arch, warp_size)
-    _compile_a_small_kernel()
+    try:
+        _compile_a_small_kernel()
+    except Exception:  # noqa: BLE001 - e.g. a Triton without this target's backend: the first build pays instead
+        pass
 
 
 _target: tuple[str, int, int] | None = None  # what this process compiles for, once use_target set it
 
 
 def use_target(backend: str, arch: int, warp_size: int) -> None:
-    """Compile for this target from now on, through a compile-only driver (a no-op if it already does)."""
+    """Compile for this target from now on, through a compile-only driver (a no-op if it already does). A worker
+    serves one parent, so its builds name one target; a kernel compiled before a change would keep the old
+    target's binder in Triton's per-device cache."""
     global _target
     if _target == (backend, arch, warp_size):
         return

@@ -3,15 +3,19 @@ starting the build workers early.
 
     from buildops.startup import phase, rehearse_then_load, start_build_workers
 
-    start_build_workers()            # first thing, even before importing torch: they take seconds to start
+    if __name__ == "__main__":         # worker processes import the main module too
+        start_build_workers()          # first thing, before importing torch: workers take seconds to start
 
-    with phase("create model"):
-        model = Model(config)
-        buildops.model_created(model, config)
-    rehearse_then_load(lambda: model(dummy_context_batch) and model(dummy_decode_step),
-                       lambda: load_checkpoint(model))
-    with phase("capture graphs"):
-        capture_cuda_graphs(model)   # buildops.prepare_graph_capture() already ran
+    import torch                       # and the engine's other imports
+
+    def start_engine(config):
+        with phase("create model"):
+            model = Model(config)
+            buildops.model_created(model, config)
+        rehearse_then_load(lambda: model(dummy_context_batch) and model(dummy_decode_step),
+                           lambda: load_checkpoint(model))
+        with phase("capture graphs"):
+            capture_cuda_graphs(model)  # buildops.prepare_graph_capture() already ran
 
 Engines keep their own loaders and runners; these only order and time the steps.
 """
@@ -23,6 +27,7 @@ import contextlib
 import gc
 import importlib.util
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,8 +35,6 @@ from typing import TypeVar
 
 from ._config import triton_executor
 from ._passes import rehearsal
-from ._pools import start_forkserver
-from ._triton_worker import FORKSERVER_PRELOAD
 
 __all__ = ["phase", "phases", "rehearse_then_load", "start_build_workers"]
 
@@ -49,28 +52,47 @@ def start_build_workers() -> bool:
     Workers take seconds to be ready: a forkserver imports torch and Triton, then forks them. Without this call
     they start with the first Triton build and the first builds wait for them. This module imports no torch, so
     an engine can call this first thing, before its own imports, and the forkserver's imports run beside them.
-    The rest happens on a background thread: the workers are forked once the forkserver is ready, what the first
-    replay on meta tensors would import (torch's symbolic shapes, 1-2 s on some hosts) is imported, so that the
-    rehearsal does not wait for it, and Triton's install is hashed (the first build needs it).
-    Without Triton it does nothing.
+    Once the engine has imported torch and Triton, a background thread imports what the first replay on meta
+    tensors would (torch's symbolic shapes, 1-2 s on some hosts), so that the rehearsal does not wait for it,
+    and hashes Triton's install (the first build needs it). None of it touches a GPU. Without Triton it does
+    nothing. Workers import the main module as they start: call it under ``if __name__ == "__main__":``.
     """
     if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
         return False
-    start_forkserver(FORKSERVER_PRELOAD)
+    from ._triton_pool import workers
+
+    workers.start()
     threading.Thread(target=_prepare_builds, name="buildops-prepare", daemon=True).start()
     return True
 
 
-def _prepare_builds() -> None:
-    try:
-        from . import triton as triton_builds
+# How long the background preparation waits for the engine to import torch and Triton before it gives up.
+PREPARE_WAIT_SECONDS = 600.0
 
-        triton_builds.start_workers()
+
+def _prepare_builds() -> None:
+    # Only once the engine's own imports of torch and Triton are done: two threads importing torch at once can
+    # fail (one of them sees a partially initialised module).
+    deadline = time.monotonic() + PREPARE_WAIT_SECONDS
+    while not (_imported("torch") and _imported("triton")):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+    try:
         # Before hashing Triton: the rehearsal's first replay needs it sooner than the first build needs the hash.
         import torch.fx.experimental.symbolic_shapes  # noqa: F401 - see start_build_workers
-        triton_builds.hash_triton_install()
-    except Exception:  # builds start their workers themselves, or fail where someone sees it
+
+        from .triton import hash_triton_install
+
+        hash_triton_install()
+    except Exception:  # builds do it themselves, or fail where someone sees it
         logger.debug("buildops: preparing builds in the background failed", exc_info=True)
+
+
+def _imported(name: str) -> bool:
+    """Whether module ``name`` is imported and done initialising (importlib marks it while it runs)."""
+    module = sys.modules.get(name)
+    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
 
 
 @contextlib.contextmanager

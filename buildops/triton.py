@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import logging
+import os
 import pickle
 import sys
 import threading
@@ -41,7 +42,7 @@ from . import _late, _triton_worker
 from ._builder import Build, current_builder, on_builder_thread
 from ._config import settings, triton_executor
 from ._gpu import run_admitted
-from ._pools import WorkerPool
+from ._triton_pool import workers as _processes
 from ._specs import TensorSpec
 
 __all__ = ["CompileOnlyDriver", "PointerArg", "recording", "target", "triton_builds"]
@@ -253,12 +254,6 @@ _load_lock = threading.Lock()
 
 # -- worker processes -----------------------------------------------------------------------------------------
 
-def start_workers() -> None:
-    """Start the worker processes in the background if builds will use them (``startup.start_build_workers``)."""
-    if triton_executor() == "processes":
-        _processes.start()
-
-
 try:
     from triton.runtime.cache import triton_key as _triton_key
 except ImportError:  # moved in another Triton version: each process computes it once, perhaps on several threads
@@ -266,6 +261,15 @@ except ImportError:  # moved in another Triton version: each process computes it
         return ""
 
 _triton_key_lock = threading.Lock()
+
+
+def _new_locks_after_fork() -> None:
+    # A forked child has none of this process's threads: a lock that one of them held would stay held there.
+    global _load_lock, _triton_key_lock
+    _load_lock, _triton_key_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_locks_after_fork)
 
 
 def hash_triton_install() -> None:
@@ -291,12 +295,6 @@ def _picklable_reference(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[s
     except Exception:
         return None
     return module, qualname
-
-
-# Workers learn the target with each build, not when they start: starting them (start_build_workers, maybe
-# before the engine picked its GPU) must not initialise CUDA here, which asking for the target does.
-_processes = WorkerPool("Triton build", lambda: settings.threads, _triton_worker.start, warm_up=_triton_worker.ready,
-                        preload=_triton_worker.FORKSERVER_PRELOAD)
 
 
 def _compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict, the_target: GPUTarget) -> None:
