@@ -124,12 +124,16 @@ if __name__ == "__main__":  # workers import the main module as they start (and 
 """
 
 
-def test_build_workers_start_before_torch_is_imported(tmp_path):
+def run_script(path, text: str) -> subprocess.CompletedProcess:
+    """``text`` run as the main script ``path``, with one Triton build worker process."""
     pytest.importorskip("triton")
-    script = tmp_path / "early_start.py"
-    script.write_text(EARLY_START)
+    path.write_text(text)
     env = dict(os.environ, BUILDOPS_EXECUTOR="processes", BUILDOPS_THREADS="1")
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_build_workers_start_before_torch_is_imported(tmp_path):
+    done = run_script(tmp_path / "early_start.py", EARLY_START)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["workers warm", "prepared", "no driver here"], done.stderr[-3000:]
 
@@ -143,10 +147,7 @@ time.sleep(3)  # long enough for the workers to start, and to import this module
 
 
 def test_a_main_module_that_starts_workers_at_import_gets_the_fix_in_each_worker(tmp_path):
-    pytest.importorskip("triton")
     script = tmp_path / "no_guard.py"
-    script.write_text(NO_GUARD)
-    env = dict(os.environ, BUILDOPS_EXECUTOR="processes", BUILDOPS_THREADS="1")
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    done = run_script(script, NO_GUARD)
     assert f"buildops: {script} starts build workers as it is imported" in done.stderr, done.stderr[-3000:]
     assert 'put that code under `if __name__ == "__main__":`' in done.stderr
