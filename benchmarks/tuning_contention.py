@@ -3,8 +3,10 @@ LLM's decode GEMM, 2 ms warmup and 10 ms of repeats) while another thread
 
     idles;
     copies 50 MiB CPU tensors to the GPU, from pageable memory (as a checkpoint load does) or from pinned memory;
-    runs Python (as a rehearsal's replays do); and that again with the tune inside buildops' shorter GIL switch
-    interval (``buildops.triton.short_switch_interval``, what an autotuning build runs in).
+    copies 32 MiB pinned chunks asynchronously on a stream of its own, 3 in flight (as the tiny LLM's loader
+    does, here back to back, with no file read between them);
+    runs Python (as a rehearsal's replays do); and that again with buildops' shorter GIL switch interval
+    (``buildops._gil``, held while builds are in flight).
 
     python3 benchmarks/tuning_contention.py
 
@@ -24,7 +26,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from buildops.triton import short_switch_interval  # noqa: E402
+from buildops._gil import holding as short_switch_interval  # noqa: E402
 from examples.tiny_llm import kernels as K  # noqa: E402
 
 CALLS = 30
@@ -38,6 +40,9 @@ def main() -> None:
     pageable = [torch.empty(50 * 2**20, dtype=torch.uint8) for _ in range(4)]
     pinned = [t.pin_memory() for t in pageable]
     target = torch.empty(50 * 2**20, dtype=torch.uint8, device="cuda")
+    chunks = [torch.empty(32 * 2**20, dtype=torch.uint8, pin_memory=True) for _ in range(3)]
+    stream = torch.cuda.Stream()
+    done: list = [None] * 3
 
     def beside(what: str, stop: threading.Event) -> None:
         i = 0
@@ -46,6 +51,12 @@ def main() -> None:
                 target.copy_(pageable[i % 4])
             elif what == "pinned copies":
                 target.copy_(pinned[i % 4])
+            elif what == "pinned chunks, own stream":
+                if done[i % 3] is not None:
+                    done[i % 3].synchronize()
+                with torch.cuda.stream(stream):
+                    target[:chunks[0].numel()].copy_(chunks[i % 3], non_blocking=True)
+                    done[i % 3] = stream.record_event()
             else:
                 sum(range(1000))
             i += 1
@@ -60,7 +71,8 @@ def main() -> None:
     print(f"{CALLS} do_bench calls, {torch.cuda.get_device_name()}, triton {triton.__version__}")
     print(f"{'beside':40} {'s':>6}")
     for what, interval in (("nothing", None), ("pageable copies", None), ("pinned copies", None),
-                           ("Python", None), ("Python", short_switch_interval), ("nothing", None)):
+                           ("pinned chunks, own stream", None), ("Python", None), ("Python", short_switch_interval),
+                           ("nothing", None)):
         stop = threading.Event()
         other = threading.Thread(target=beside, args=(what, stop)) if what != "nothing" else None
         if other is not None:

@@ -11,6 +11,8 @@ Concurrency model:
     (``Future.set_running_or_notify_cancel``), so a cancelled build never runs.
   * A build that raises is marked failed, logged once with its traceback and counted; its future holds the
     exception, which buildops never re-raises into an op's call: the op compiles on first use instead.
+  * While it has builds queued or running, the builder holds the GIL's short switch interval (``_gil``): its
+    threads run Python beside an engine's threads that hand the GIL back at every CUDA call or file read.
   * After ``os.fork`` the child forgets the parent's builder (its threads do not exist there, its locks may be
     held) and creates a fresh one when first needed.
 """
@@ -29,6 +31,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import _gil
 from ._config import settings
 from ._node import node_claims
 
@@ -109,6 +112,7 @@ class _Record:
     seconds: float = 0.0
     started: float | None = None
     error: BaseException | None = None
+    settled: bool = False  # finished or cancelled: no longer counted in flight
 
 
 class Builder:
@@ -125,6 +129,7 @@ class Builder:
         self._stats: dict[str, OpStats] = {}
         self._workers: list[threading.Thread] = []
         self._busy = 0
+        self._in_flight = 0  # records queued or building
         self._closed = False
         self._claims = node_claims()
         self.waiting_ops: set = set()  # ops with calls that may wait on builds; forgotten after a fork
@@ -143,6 +148,9 @@ class Builder:
                 stats.shared += 1
                 record.owners.add(owner)
                 return record.future
+            if self._in_flight == 0:
+                _gil.hold()  # before the record exists: a bad setting raises with nothing queued
+            self._in_flight += 1
             record = _Record(build, concurrent.futures.Future(), {owner})
             if build.uses_gpu:
                 from ._capture import install_guard  # here, not at import: only processes with GPU builds
@@ -185,7 +193,9 @@ class Builder:
 
     def _run(self, record: _Record) -> None:
         if not record.future.set_running_or_notify_cancel():
-            return  # cancelled while queued
+            with self._lock:  # cancelled while queued (by its future's owner, or by cancel or shutdown)
+                self._settle(record)
+            return
         start = time.perf_counter()
         with self._lock:
             record.state = BuildState.BUILDING
@@ -203,6 +213,7 @@ class Builder:
     def _finish(self, record: _Record, seconds: float, error: BaseException | None) -> None:
         with self._lock:
             self._busy -= 1
+            self._settle(record)
             record.seconds = seconds
             record.error = error
             record.state = BuildState.FAILED if error is not None else BuildState.BUILT
@@ -215,6 +226,15 @@ class Builder:
         if error is not None:
             logger.warning("buildops: build %s of op %s failed after %.2f s; the op will compile it on first use",
                            record.build.describe(), record.build.op, seconds, exc_info=error)
+
+    def _settle(self, record: _Record) -> None:
+        """Count ``record`` out of the builds in flight, once (under the lock)."""
+        if record.settled:
+            return
+        record.settled = True
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            _gil.release()
 
     # -- cancelling -------------------------------------------------------------------------------------------
 
@@ -230,6 +250,7 @@ class Builder:
                     continue
                 record.owners = {o for o in record.owners if not releases(o)}
                 if not record.owners and record.future.cancel():
+                    self._settle(record)
                     record.state = BuildState.CANCELLED
                     self._stats.setdefault(record.build.op, OpStats()).cancelled += 1
                     del self._records[key]  # a later pass may queue the key again
@@ -341,6 +362,7 @@ class Builder:
             self._closed = True
             for key, record in list(self._records.items()):
                 if record.future.cancel():
+                    self._settle(record)
                     record.state = BuildState.CANCELLED
                     self._stats.setdefault(record.build.op, OpStats()).cancelled += 1
                     del self._records[key]

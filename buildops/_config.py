@@ -42,11 +42,13 @@ def _parse_count(name: str, raw: str) -> int:
     return value
 
 
-def _parse_megabytes(name: str, raw: str) -> int:
-    value = raw.strip()
-    if not value.isdigit():
-        raise ConfigError(f"{name}={raw!r}: expected a whole number of MiB >= 0")
-    return int(value)
+def _parse_whole(unit: str) -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
+        value = raw.strip()
+        if not value.isdigit():
+            raise ConfigError(f"{name}={raw!r}: expected a whole number of {unit} >= 0")
+        return int(value)
+    return parse
 
 
 def _parse_seconds(name: str, raw: str) -> float:
@@ -127,7 +129,7 @@ _SETTINGS = {
         "Where Triton builds compile: worker threads, warm worker processes, or auto (processes on many cores).",
     ),
     "gpu_reserve_mb": _Setting(
-        "BUILDOPS_GPU_RESERVE_MB", _parse_megabytes, lambda: 1024,
+        "BUILDOPS_GPU_RESERVE_MB", _parse_whole("MiB"), lambda: 1024,
         "GPU memory (MiB) that builds' dummy operands always leave free.",
     ),
     "deep_gemm_m": _Setting(
@@ -149,6 +151,10 @@ _SETTINGS = {
     "triton_target": _Setting(
         "BUILDOPS_TRITON_TARGET", _parse_target, lambda: ("cuda", 90),
         "The target Triton builds compile for on a machine without a GPU driver (BACKEND:ARCH).",
+    ),
+    "switch_interval_us": _Setting(
+        "BUILDOPS_SWITCH_INTERVAL_US", _parse_whole("microseconds"), lambda: 200,
+        "The GIL's switch interval (microseconds) at most, while builds run; 0 leaves it alone.",
     ),
     "progress_after": _Setting(
         "BUILDOPS_PROGRESS_AFTER", _parse_seconds, lambda: 1.0,

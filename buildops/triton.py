@@ -23,7 +23,6 @@ import contextvars
 import logging
 import os
 import pickle
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -440,34 +439,10 @@ class _TuneRun:
             _original_autotuner_run(self.tuner, *args, **kwargs)
             chosen.append(self.tuner.best_config)
 
-        with short_switch_interval():
-            run_admitted(self.device, sum(t.nbytes for t in tensors), make, tune,
-                         f"autotuning of {self.tuner.base_fn.__name__}")
+        # Its CUDA calls each hand the GIL back: the builder's short switch interval (``_gil``) gets it back soon.
+        run_admitted(self.device, sum(t.nbytes for t in tensors), make, tune,
+                     f"autotuning of {self.tuner.base_fn.__name__}")
         return chosen[0]
-
-
-# A tune hands the GIL back at each CUDA call (launch, event record, synchronize) and then waits to get it back;
-# beside a thread running Python (the rehearsal, a checkpoint loader) each wait lasts up to the switch interval,
-# 5 ms by default. On the H200 host 30 do_bench calls took 7.7 s beside one Python-busy thread against 0.37 s
-# alone, and the waits fall between the timing events. For the tune's duration the interval is this.
-TUNING_SWITCH_INTERVAL = 0.0002
-
-
-@contextlib.contextmanager
-def short_switch_interval() -> Iterator[None]:
-    """The GIL's switch interval at most ``TUNING_SWITCH_INTERVAL`` within the block; restored after it, unless
-    someone set another meanwhile."""
-    previous = sys.getswitchinterval()
-    if previous <= TUNING_SWITCH_INTERVAL:
-        yield
-        return
-    sys.setswitchinterval(TUNING_SWITCH_INTERVAL)
-    ours = sys.getswitchinterval()  # as the interpreter stores it (whole microseconds)
-    try:
-        yield
-    finally:
-        if sys.getswitchinterval() == ours:
-            sys.setswitchinterval(previous)
 
 
 # A compile build another process of the node holds a claim on can wait long: past this, the tune goes ahead.

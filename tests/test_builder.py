@@ -1,4 +1,5 @@
 import os
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -6,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 import buildops
-from buildops import Build, BuildState, settings
+from buildops import Build, BuildState, ConfigError, settings
 from buildops._builder import Builder, current_builder, default_builder
 
 from conftest import WAIT
@@ -123,3 +124,54 @@ def test_the_report_keeps_every_build_with_when_it_ran_and_how_long_it_waited():
     (record,) = buildops.report().builds
     assert record.state is BuildState.BUILT and record.build.key == "key"
     assert record.started >= before and record.seconds >= 0.02 and record.waited == 0.01
+
+
+def test_the_gil_switch_interval_is_short_while_builds_are_in_flight(runs):
+    previous = sys.getswitchinterval()
+    assert previous > 200e-6  # Python's default, 5 ms
+    gate = threading.Event()
+    builder = Builder(threads=1)
+    try:
+        builder.submit(runs.build("op", 1, gate=gate))
+        queued = builder.submit(runs.build("op", 2))
+        assert runs.started.wait(WAIT)
+        assert sys.getswitchinterval() == pytest.approx(200e-6)  # threads that hand the GIL back get it soon
+        assert queued.cancel()  # its owner cancels it: it no longer counts as in flight once a worker skips it
+        gate.set()
+        assert builder.join(timeout=WAIT)
+        assert sys.getswitchinterval() == previous  # the last build out restores it
+        with settings.scope(switch_interval_us=0):  # 0: leave it alone
+            builder.submit(Build("op", 3, lambda: sys.getswitchinterval()))
+            assert builder.join(timeout=WAIT) and builder.future(3).result(0) == previous
+        gate.clear()
+        builder.submit(runs.build("op", 4, gate=gate))
+        sys.setswitchinterval(0.001)  # someone else's choice, made while builds run, is kept
+        gate.set()
+        assert builder.join(timeout=WAIT) and sys.getswitchinterval() == pytest.approx(0.001)
+    finally:
+        gate.set()
+        builder.shutdown()
+        sys.setswitchinterval(previous)
+
+
+def test_shutdown_with_queued_builds_restores_the_switch_interval(runs):
+    previous = sys.getswitchinterval()
+    gate = threading.Event()
+    builder = Builder(threads=1)
+    builder.submit(runs.build("op", 1, gate=gate))
+    builder.submit(runs.build("op", 2))
+    assert runs.started.wait(WAIT)
+    threading.Timer(0.2, gate.set).start()
+    builder.shutdown(wait=True)
+    assert sys.getswitchinterval() == previous
+
+
+def test_a_bad_switch_interval_setting_fails_the_submit_and_queues_nothing(monkeypatch, runs):
+    monkeypatch.setenv("BUILDOPS_SWITCH_INTERVAL_US", "fast")
+    builder = Builder(threads=1)
+    with pytest.raises(ConfigError, match="BUILDOPS_SWITCH_INTERVAL_US='fast'"):
+        builder.submit(runs.build("op", 1))
+    assert builder.state(1) is None and runs.count() == 0
+    monkeypatch.setenv("BUILDOPS_SWITCH_INTERVAL_US", "200")
+    assert builder.submit(runs.build("op", 1)).result(WAIT) == 1
+    builder.shutdown()

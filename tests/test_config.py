@@ -13,6 +13,8 @@ from buildops import BuildConfig, ConfigError, DynamicSpec, build_pass, lists_ke
     ("BUILDOPS_LATE_COMPILE", "raise", "late_compile", "BUILDOPS_LATE_COMPILE='raise': expected one of warn, error"),
     ("BUILDOPS_TRITON_TARGET", "sm90", "triton_target", "BUILDOPS_TRITON_TARGET='sm90': expected BACKEND:ARCH"),
     ("BUILDOPS_GPU_RESERVE_MB", "1G", "gpu_reserve_mb", "BUILDOPS_GPU_RESERVE_MB='1G': expected a whole number of MiB"),
+    ("BUILDOPS_SWITCH_INTERVAL_US", "0.2ms", "switch_interval_us",
+     "BUILDOPS_SWITCH_INTERVAL_US='0.2ms': expected a whole number of microseconds"),
     ("BUILDOPS_DEEP_GEMM_M", "all", "deep_gemm_m", "BUILDOPS_DEEP_GEMM_M='all': expected one of relaxed, full, off"),
 ])
 def test_bad_settings_name_the_variable(monkeypatch, variable, value, attribute, message):
@@ -50,8 +52,8 @@ def test_scope_overrides_and_restores(monkeypatch):
     with pytest.raises(ConfigError, match="BUILDOPS_THREADS='0'"):
         with settings.scope(threads=0):
             pass
-    known = ("autotune, deep_gemm_m, enabled, executor, gpu_reserve_mb, late_compile, node_locks, progress_after, threads, "
-             "triton_target")
+    known = ("autotune, deep_gemm_m, enabled, executor, gpu_reserve_mb, late_compile, node_locks, progress_after, "
+             "switch_interval_us, threads, triton_target")
     with pytest.raises(ConfigError, match=f"unknown setting; known: {known}"):
         with settings.scope(thread=2):
             pass

@@ -2,7 +2,6 @@
 
 import os
 import signal
-import sys
 import threading
 import time
 
@@ -324,24 +323,3 @@ def test_auto_builds_in_workers_on_many_cores_and_in_threads_on_few(monkeypatch,
             K.double_rows(torch.zeros(40, 100))
         assert bt._processes.started and report().total("failed") == 0
     assert parent_compiles == [False] * 3  # the workers compiled them; this process loaded them
-
-
-def test_a_tune_shortens_the_gil_switch_interval_for_its_duration_only(monkeypatch):
-    class Timed(Exception):
-        pass
-
-    def timing(*args):  # stands in for the GPU part of the tune, which cannot run here
-        raise Timed(sys.getswitchinterval())
-
-    previous = sys.getswitchinterval()
-    monkeypatch.setattr(bt, "run_admitted", timing)
-    with pytest.raises(Timed) as timed:
-        bt._TuneRun(K.scale_kernel, (), {}, [], torch.device("cpu"))()  # an autotuning build's run
-    assert timed.value.args[0] <= bt.TUNING_SWITCH_INTERVAL  # its CUDA calls get the GIL back sooner
-    assert sys.getswitchinterval() == previous  # restored, even when the tune fails
-    try:
-        with bt.short_switch_interval():
-            sys.setswitchinterval(0.001)  # someone else's choice, made meanwhile, is kept
-        assert sys.getswitchinterval() == pytest.approx(0.001)
-    finally:
-        sys.setswitchinterval(previous)
