@@ -17,6 +17,8 @@ from buildops.testing import record_listings
 pytest.importorskip("triton")
 pytest.importorskip("safetensors")
 
+from safetensors.torch import load_file  # noqa: E402
+
 from examples.tiny_llm.checkpoint import load_checkpoint, make_checkpoint  # noqa: E402
 from examples.tiny_llm.family import TinyLlmGemms  # noqa: E402
 from examples.tiny_llm.model import SIZES, TinyLlm  # noqa: E402
@@ -78,7 +80,22 @@ def test_checkpoint_round_trip_and_a_clear_error_for_another_size(tmp_path):
     model = TinyLlm(SMALL, "cpu")
     assert load_checkpoint(model, path) == sum(p.numel() * p.element_size() for p in model.parameters())
     assert torch.equal(model.norm, torch.ones_like(model.norm)) and model.embed.float().std() > 0.5
+    saved = load_file(path)  # safetensors' own reader: this loader parses the header itself
+    assert all(torch.equal(param, saved[name]) for name, param in model.named_parameters())
     assert not list(tmp_path.glob("*.partial"))
     other = TinyLlm(dataclasses.replace(SMALL, hidden=256), "cpu")
-    with pytest.raises(ValueError, match="embed has shape .* another size"):
+    with pytest.raises(ValueError, match="embed is torch.bfloat16 .* wants .* another size"):
         load_checkpoint(other, path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the pinned, chunked copy path")
+def test_the_chunked_gpu_load_matches_safetensors(tmp_path, monkeypatch):
+    from examples.tiny_llm import checkpoint
+
+    monkeypatch.setattr(checkpoint._ChunkedCopy, "CHUNK", 1000)  # tensors span chunks, buffers are reused
+    path = make_checkpoint(tmp_path / "small.safetensors", SMALL)
+    model = TinyLlm(SMALL, "cuda")
+    load_checkpoint(model, path)
+    saved = load_file(path)
+    assert all(torch.equal(param.cpu(), saved[name]) for name, param in model.named_parameters())
