@@ -54,7 +54,9 @@ def start_build_workers() -> bool:
     an engine can call this first thing, before its own imports, and the forkserver's imports run beside them.
     Once the engine has imported torch and Triton, a background thread imports what the first replay on meta
     tensors would (torch's symbolic shapes, 1-2 s on some hosts), so that the rehearsal does not wait for it,
-    and hashes Triton's install (the first build needs it). None of it touches a GPU. Without Triton it does
+    builds Triton's CUDA helper module (its driver's first use would) and hashes Triton's install (the first
+    build needs it), with the GIL's short switch interval held meanwhile (``BUILDOPS_SWITCH_INTERVAL_US``).
+    None of it touches a GPU. Without Triton it does
     nothing. Workers import the main module as they start: call it under ``if __name__ == "__main__":``.
     """
     if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
@@ -78,15 +80,37 @@ def _prepare_builds() -> None:
         if time.monotonic() > deadline:
             return
         time.sleep(0.05)
+    from . import _gil
+
+    # The imports below are Python and hold the GIL while the engine makes its model: its CUDA calls, each of
+    # which hands the GIL back, would wait up to 5 ms apiece for it.
+    with _gil.holding():
+        try:
+            # A host-compiler run (a subprocess: no GIL), begun first so that it overlaps the import below.
+            utils = threading.Thread(target=_build_triton_utils, name="buildops-prepare-utils", daemon=True)
+            utils.start()
+            # Before hashing Triton: the first replay (creating the model, or the rehearsal) needs it sooner.
+            import torch.fx.experimental.symbolic_shapes  # noqa: F401 - see start_build_workers
+
+            from .triton import hash_triton_install
+
+            hash_triton_install()
+            utils.join()
+        except Exception:  # builds do it themselves, or fail where someone sees it
+            logger.debug("buildops: preparing builds in the background failed", exc_info=True)
+
+
+def _build_triton_utils() -> None:
+    """Compile Triton's CUDA helper module (``cuda_utils``, C, built by the host compiler on a cold Triton cache)
+    into the cache. Triton builds it when its driver is first used, which the first listing on the engine's main
+    thread does: 0.3 s of the tiny LLM's model creation on the H200 host. Built here directly, not through
+    ``driver.active``: that would initialise CUDA, before the engine has picked its devices."""
     try:
-        # Before hashing Triton: the rehearsal's first replay needs it sooner than the first build needs the hash.
-        import torch.fx.experimental.symbolic_shapes  # noqa: F401 - see start_build_workers
+        from triton.backends.nvidia.driver import CudaUtils
 
-        from .triton import hash_triton_install
-
-        hash_triton_install()
-    except Exception:  # builds do it themselves, or fail where someone sees it
-        logger.debug("buildops: preparing builds in the background failed", exc_info=True)
+        CudaUtils()
+    except Exception:  # no CUDA here, or another Triton: the driver builds it when first used
+        logger.debug("buildops: building Triton's CUDA utilities ahead of use failed", exc_info=True)
 
 
 def _imported(name: str) -> bool:

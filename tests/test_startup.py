@@ -100,7 +100,7 @@ def test_build_workers_start_early_only_where_builds_use_them():
 
 
 EARLY_START = r"""
-import sys, time
+import glob, os, sys, threading, time
 import buildops.startup
 from buildops.startup import start_build_workers
 
@@ -112,7 +112,8 @@ if __name__ == "__main__":  # workers import the main module as they start (and 
     from buildops._triton_pool import workers
 
     def prepared():
-        return "torch.fx.experimental.symbolic_shapes" in sys.modules and triton_key.cache_info().currsize == 1
+        done = not any(t.name.startswith("buildops-prepare") for t in threading.enumerate())
+        return done and "torch.fx.experimental.symbolic_shapes" in sys.modules and triton_key.cache_info().currsize == 1
 
     deadline = time.monotonic() + 60
     while not (workers.warm() and prepared()) and time.monotonic() < deadline:
@@ -121,6 +122,9 @@ if __name__ == "__main__":  # workers import the main module as they start (and 
     print("prepared" if prepared() else "not prepared")  # the rehearsal's import and the first build's hash
     from triton.runtime.driver import driver
     print("no driver here" if driver._active is None else "a driver")  # CUDA untouched: no GPU picked yet
+    # Triton's CUDA helper module, built ahead of the driver's first use (where there is CUDA to build it for)
+    built = bool(glob.glob(os.path.join(os.environ["TRITON_CACHE_DIR"], "*", "cuda_utils*")))
+    print("utils built" if built == torch.cuda.is_available() else f"utils built: {built}")
 """
 
 
@@ -128,14 +132,15 @@ def run_script(path, text: str) -> subprocess.CompletedProcess:
     """``text`` run as the main script ``path``, with one Triton build worker process."""
     pytest.importorskip("triton")
     path.write_text(text)
-    env = dict(os.environ, BUILDOPS_EXECUTOR="processes", BUILDOPS_THREADS="1")
+    env = dict(os.environ, BUILDOPS_EXECUTOR="processes", BUILDOPS_THREADS="1",
+               TRITON_CACHE_DIR=str(path.parent / "triton-cache"))
     return subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_build_workers_start_before_torch_is_imported(tmp_path):
     done = run_script(tmp_path / "early_start.py", EARLY_START)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["workers warm", "prepared", "no driver here"], done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["workers warm", "prepared", "no driver here", "utils built"], done.stderr[-3000:]
 
 
 NO_GUARD = r"""
