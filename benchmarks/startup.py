@@ -2,9 +2,9 @@
 
     (a) lazy      load, then serve: kernels compile (and autotune) in the first requests
     (b) warmup    load, then the warmup forwards for real, one compile after another
-    (c) buildops  rehearsal overlapped with the load
+    (c) buildops  rehearsal overlapped with the load (the load begins beside the rehearsal)
     (d) buildops  again, with the Triton cache (c) left: a restart
-    and (c) with the load begun beside the rehearsal (``rehearse_then_load(..., overlap=True)``)
+    and (c) with the load begun once the rehearsal is done (``rehearse_then_load(..., overlap=False)``)
 
 each in a fresh process with an empty Triton cache (except (d)), reading the checkpoint from disk (its pages are
 dropped from the page cache before each start), in one run. Every start finds Python bytecode cached (see
@@ -108,7 +108,7 @@ def main() -> None:
     starts = [("(a) lazy", "lazy", "a", None, ()), ("(b) warmup", "warmup", "b", None, ()),
               ("(c) buildops", "buildops", "c", None, ()), ("(d) buildops, warm", "buildops", "c", None, ()),
               ("serial build", "buildops", "e", {"BUILDOPS_THREADS": "1", "BUILDOPS_EXECUTOR": "threads"}, ())]
-    starts.append(("(c) load overlapped", "buildops", "i", None, ("--overlap-load",)))
+    starts.append(("(c) load after rehearsal", "buildops", "i", None, ("--load-after-rehearsal",)))
     if args.variants:  # what the default is made of: the executor, the family
         starts += [("(c) threads", "buildops", "f", {"BUILDOPS_EXECUTOR": "threads"}, ()),
                    ("(c) processes", "buildops", "g", {"BUILDOPS_EXECUTOR": "processes"}, ()),
@@ -128,14 +128,14 @@ def main() -> None:
     # lazy start, which does no build work in either (a buildops start does some: its workers' start, the family).
     lazy = results["(a) lazy"]
     lazy_model = lazy["imports_s"] + phase(lazy, "create model")
-    print(f"{'start':20} {'ready s':>8} {'after create s':>14} {'after lazy create s':>19} {'load s':>6} "
+    print(f"{'start':24} {'ready s':>8} {'after create s':>14} {'after lazy create s':>19} {'load s':>6} "
           f"{'first req ms':>12} {'steady ms':>9} {'compiles serving':>16} {'tunes serving':>13} {'late':>4}")
     tokens = lazy["tokens"]
     for label, r in results.items():
         if label == "serial build":
             continue
         after_create = r["ready_s"] - r["imports_s"] - phase(r, "create model")
-        print(f"{label:20} {r['ready_s']:8.2f} {after_create:14.2f} {r['ready_s'] - lazy_model:19.2f} "
+        print(f"{label:24} {r['ready_s']:8.2f} {after_create:14.2f} {r['ready_s'] - lazy_model:19.2f} "
               f"{phase(r, 'load'):6.2f} "
               f"{r['first_request_s'] * 1e3:12.1f} {r['steady_request_s'] * 1e3:9.1f} "
               f"{len(r['serving_compiles']):16d} {r['tuned_while_serving']:13d} {r['late_compiles']:4d}")
@@ -150,7 +150,7 @@ def main() -> None:
 
     print("\nphases (s):")
     for label, r in results.items():
-        print(f"  {label:20} " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in r["phases"]))
+        print(f"  {label:24} " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in r["phases"]))
 
     if args.ranks > 1:
         print(f"\n{args.ranks} ranks of (c) at once, one GPU each, one shared Triton cache:")

@@ -1,9 +1,11 @@
 """Where a buildops start of examples/tiny_llm spends its time: one start, in this process, with a timeline of its
 phases and builds and the sampled stacks of its main thread, its autotuning thread and its builder threads.
 
-    python3 benchmarks/startup_profile.py [--overlap-load] [--size base]
+    python3 benchmarks/startup_profile.py [--depth 3] [--load-after-rehearsal] [--size base]
 
-Run from the repository root on the GPU machine, after ``benchmarks/startup.py`` made the checkpoint. Each run
+Run from the repository root on the GPU machine, after ``benchmarks/startup.py`` made the checkpoint; with
+``PYTHONPYCACHEPREFIX=/tmp/buildops-startup-pycache`` it imports from the bytecode that benchmark cached, as its
+starts do (without it, a host whose site-packages lack bytecode compiles torch's and sympy's sources). Each run
 uses an empty Triton cache in a temporary directory (``TRITON_CACHE_DIR`` if set) and reads the checkpoint from
 disk. Stacks are sampled every 5 ms (builder threads every 20 ms) by a Python thread, which needs the GIL itself:
 a thread that waits for the GIL shows in the C call it returns from.
@@ -29,7 +31,8 @@ import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = {"buildops-serial": "autotuning", "buildops-worker": "builders"}
+KINDS = {"buildops-serial": "autotuning", "buildops-worker": "builders", "buildops-prepare": "preparation"}
+DEPTH = 3  # frames shown per stack, innermost first (--depth)
 
 
 class Sampler:
@@ -66,11 +69,16 @@ class Sampler:
     def top(self, kind: str, start: float, end: float, n: int = 12) -> list[str]:
         """The innermost frames most often seen, with the share of samples, as text lines."""
         stacks = [s for t, k, s in self.samples if k == kind and start <= t <= end]
-        counts = collections.Counter(" <- ".join(s[:3]) for s in stacks if s)
+        counts = collections.Counter(" <- ".join(s[:DEPTH]) for s in stacks if s)
         return [f"    {c / len(stacks):6.1%}  {frames}" for frames, c in counts.most_common(n)]
 
 
 def main() -> None:
+    global DEPTH
+    if "--depth" in sys.argv:
+        at = sys.argv.index("--depth")
+        DEPTH = int(sys.argv[at + 1])
+        del sys.argv[at:at + 2]
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="buildops-profile-triton-"))
     sys.path.insert(0, str(ROOT))
     import buildops
@@ -134,6 +142,10 @@ def report(phases: list, builds: list, sampler: Sampler) -> None:
             start, end = min(b[1] for b in chosen), max(b[2] for b in chosen)
             print(f"\n{kind} threads, {start:.2f} -> {end:.2f}")
             print("\n".join(sampler.top(kind, start, end)))
+    preparing = [t for t, k, _s in sampler.samples if k == "preparation"]
+    if preparing:
+        print(f"\npreparation thread, {min(preparing):.2f} -> {max(preparing):.2f}")
+        print("\n".join(sampler.top("preparation", min(preparing), max(preparing))))
 
 
 if __name__ == "__main__":
