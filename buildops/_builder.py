@@ -5,8 +5,11 @@ Concurrency model:
   * ``submit`` dedups by build key: a key queued, building or built returns the future it already has; a key
     whose build was cancelled may be submitted again.
   * Workers take records off a FIFO queue. Builds marked ``serial`` (autotuning, which times kernels on the GPU)
-    go to a queue of their own with one worker, so they run one at a time, in order, beside the compiles and
-    without holding the compile workers. A serial build may wait for normal builds, never the reverse.
+    go to a list of their own with one worker, so they run one at a time beside the compiles and without holding
+    the compile workers. That worker runs the first serial build, in submission order, whose ``after`` builds
+    (normal builds: the compiles a tune times) are done, so it never idles on one build's compiles while another
+    could run; one that waited ``AFTER_WAIT_SECONDS`` runs regardless. A serial build may wait for normal
+    builds, never the reverse.
   * A record whose future was cancelled before a worker reached it is skipped
     (``Future.set_running_or_notify_cancel``), so a cancelled build never runs.
   * A build that raises is marked failed, logged once with its traceback and counted; its future holds the
@@ -39,6 +42,10 @@ __all__ = ["Build", "BuildRecord", "BuildState", "Builder", "OpStats", "default_
 
 logger = logging.getLogger("buildops")
 
+# A serial build whose ``after`` builds are not all done runs anyway once it has waited this long (a compile that
+# another process of the node holds a claim on can take long); its run then copes with what is missing.
+AFTER_WAIT_SECONDS = 120.0
+
 
 @dataclass(frozen=True, slots=True)
 class Build:
@@ -53,6 +60,8 @@ class Build:
         ``join(gpu_only=True)`` waits for it.
       * ``run`` may have a ``waited`` attribute: the seconds its call spent waiting for other builds (an
         autotuning for its compiles), which reports count apart from its own time.
+      * ``after`` (serial builds only) names the keys of normal builds this one needs done: the serial worker
+        runs it once they are (keys never submitted, or cancelled, count as done). ``run`` need not wait itself.
     """
 
     op: str
@@ -62,7 +71,13 @@ class Build:
     label: str = ""
     library: str = ""  # "triton", "flashinfer", ...: what the report counts its coverage by
     shared: bool = True  # built once per node: other processes wait, then find it in the library's disk cache
-    serial: bool = False  # one at a time, in order, on the builder's serial worker (builds that time GPU work)
+    serial: bool = False  # one at a time, on the builder's serial worker (builds that time GPU work)
+    after: tuple[Hashable, ...] = ()  # serial builds: keys of the normal builds to wait for (see the contract)
+
+    def __post_init__(self) -> None:
+        if self.after and not self.serial:
+            raise ValueError(f"build {self.describe()} of op {self.op}: only serial builds may name builds to run "
+                             f"after (a normal build waiting for others could hold every worker)")
 
     def describe(self) -> str:
         return self.label or repr(self.key)
@@ -113,6 +128,7 @@ class _Record:
     started: float | None = None
     error: BaseException | None = None
     settled: bool = False  # finished or cancelled: no longer counted in flight
+    queued: float = 0.0  # time.monotonic() when it last joined a queue (serial builds)
 
 
 class Builder:
@@ -122,7 +138,8 @@ class Builder:
         self.threads = threads if threads is not None else settings.threads
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Record | None] = queue.SimpleQueue()
-        self._serial_queue: queue.SimpleQueue[_Record | None] = queue.SimpleQueue()
+        self._serial_pending: list[_Record] = []  # queued serial builds, in submission order (under the lock)
+        self._serial_changed = threading.Condition(self._lock)  # a serial build queued, a build done, or closing
         self._serial_worker: threading.Thread | None = None
         self._records: dict[Hashable, _Record] = {}
         self._history: list[_Record] = []  # every record ever made, cancelled ones included, for reports
@@ -159,31 +176,35 @@ class Builder:
             self._history.append(record)
             if build.serial:
                 if self._serial_worker is None:
-                    self._serial_worker = threading.Thread(target=self._work, args=(self._serial_queue,),
-                                                           name="buildops-serial", daemon=True)
+                    self._serial_worker = threading.Thread(
+                        target=self._work, args=(self._next_serial, self._requeue_serial),
+                        name="buildops-serial", daemon=True)
                     self._serial_worker.start()
-            elif len(self._workers) < self.threads:
+                self._queue_serial_locked(record)
+                return record.future
+            if len(self._workers) < self.threads:
                 self._start_worker()
-        (self._serial_queue if build.serial else self._queue).put(record)
+        self._queue.put(record)
         return record.future
 
     def _start_worker(self) -> None:
         name = f"buildops-worker-{len(self._workers)}"
-        thread = threading.Thread(target=self._work, args=(self._queue,), name=name, daemon=True)
+        thread = threading.Thread(target=self._work, args=(self._queue.get, self._queue.put), name=name,
+                                  daemon=True)
         self._workers.append(thread)
         thread.start()
 
-    def _work(self, source: queue.SimpleQueue) -> None:
+    def _work(self, take: Callable[[], _Record | None], put_back: Callable[[_Record], None]) -> None:
         _thread_role.builder = True
         while True:
-            record = source.get()
+            record = take()
             if record is None:
                 return
             claim = None
             if self._claims is not None and record.build.shared and not record.future.cancelled():
                 claim = self._claims.try_claim(record.build.key, wait=0.05)
                 if claim is None:  # another process of this node is building it: build something else first
-                    source.put(record)
+                    put_back(record)
                     continue
             try:
                 self._run(record)
@@ -191,10 +212,42 @@ class Builder:
                 if claim is not None:
                     claim.release()
 
+    def _queue_serial_locked(self, record: _Record) -> None:
+        record.queued = time.monotonic()
+        self._serial_pending.append(record)
+        self._serial_changed.notify_all()
+
+    def _requeue_serial(self, record: _Record) -> None:
+        with self._lock:
+            self._queue_serial_locked(record)
+
+    def _next_serial(self) -> _Record | None:
+        """The serial build to run next (see the module docstring), or None once the builder is shut down."""
+        with self._serial_changed:
+            while True:
+                if self._closed and not self._serial_pending:
+                    return None
+                for record in self._serial_pending:
+                    if record.future.cancelled() or all(self._done_locked(key) for key in record.build.after):
+                        break
+                else:
+                    oldest = self._serial_pending[0] if self._serial_pending else None
+                    if oldest is None or time.monotonic() - oldest.queued < AFTER_WAIT_SECONDS:
+                        self._serial_changed.wait(timeout=1.0)  # woken when a build finishes; 1 s: belt and braces
+                        continue
+                    record = oldest
+                self._serial_pending.remove(record)
+                return record
+
+    def _done_locked(self, key: Hashable) -> bool:
+        record = self._records.get(key)
+        return record is None or record.future.done()
+
     def _run(self, record: _Record) -> None:
         if not record.future.set_running_or_notify_cancel():
             with self._lock:  # cancelled while queued (by its future's owner, or by cancel or shutdown)
                 self._settle(record)
+                self._serial_changed.notify_all()
             return
         start = time.perf_counter()
         with self._lock:
@@ -214,6 +267,7 @@ class Builder:
         with self._lock:
             self._busy -= 1
             self._settle(record)
+            self._serial_changed.notify_all()  # a serial build may have been waiting for this one
             record.seconds = seconds
             record.error = error
             record.state = BuildState.FAILED if error is not None else BuildState.BUILT
@@ -255,6 +309,7 @@ class Builder:
                     self._stats.setdefault(record.build.op, OpStats()).cancelled += 1
                     del self._records[key]  # a later pass may queue the key again
                     cancelled += 1
+            self._serial_changed.notify_all()  # a cancelled build counts as done for serial builds after it
         return cancelled
 
     # -- waiting ----------------------------------------------------------------------------------------------
@@ -368,10 +423,10 @@ class Builder:
                     del self._records[key]
             workers = list(self._workers)
             serial = self._serial_worker
+            self._serial_changed.notify_all()  # it stops once its list is empty
         for _ in workers:
             self._queue.put(None)
         if serial is not None:
-            self._serial_queue.put(None)
             workers.append(serial)
         if wait:
             for thread in workers:

@@ -396,7 +396,7 @@ def _tune_build(op: str, tuner: Autotuner, args: tuple, kwargs: dict, compiles: 
     return Build(op, ("triton-autotune", _kernel_name(jit), jit.cache_key, key, target()),
                  _TuneRun(tuner, layouts, kwargs, compiles, torch.device("cuda", driver.active.get_current_device())),
                  uses_gpu=True,
-                 label=f"autotune {jit.fn.__name__}{list(key)}", shared=False, serial=True)
+                 label=f"autotune {jit.fn.__name__}{list(key)}", shared=False, serial=True, after=tuple(compiles))
 
 
 class _TuneRun:
@@ -406,9 +406,10 @@ class _TuneRun:
     its data should not be tuned this way (``BUILDOPS_AUTOTUNE=0``).
 
     It runs on the builder's serial worker (``serial=True``): one tune at a time, since tunes running together
-    would time each other, and never holding a compile worker. It first waits for its configs' compile builds
-    (those only wait for compile workers, so this cannot deadlock); one that does not finish in time is left to
-    the tuner, which compiles what it lacks. With the tuner's ``cache_results``, Triton keeps the choice on disk
+    would time each other, and never holding a compile worker. The worker runs it once its configs' compile
+    builds are done (``after``), and meanwhile tunes whose compiles are; the run itself also waits for them (for
+    a run by hand, or one the worker gave up waiting for). A compile that does not finish in time is left to the
+    tuner, which compiles what it lacks. With the tuner's ``cache_results``, Triton keeps the choice on disk
     and a restart times nothing.
     """
 

@@ -46,6 +46,55 @@ def test_serial_builds_run_one_at_a_time_in_order_beside_the_others(runs):
     assert builder._serial_worker is not None and not builder._serial_worker.is_alive()
 
 
+def test_the_serial_worker_runs_first_the_serial_builds_whose_after_builds_are_done(runs):
+    builder = Builder(threads=2)
+    gate = threading.Event()
+    try:
+        builder.submit(runs.build("op", "slow compile", gate=gate))
+        builder.submit(runs.build("op", "fast compile"))
+        tunes = [builder.submit(replace(runs.build("op", f"tune after {after}"), serial=True, after=(after,)))
+                 for after in ("slow compile", "fast compile", "a key never submitted")]
+        assert tunes[1].result(WAIT) and tunes[2].result(WAIT)  # the worker did not idle behind the first
+        assert not tunes[0].done()
+        gate.set()
+        assert tunes[0].result(WAIT) == "tune after slow compile"
+        tuned = [key for key in runs.calls if key.startswith("tune")]
+        assert tuned[-1] == "tune after slow compile" and len(tuned) == 3  # the others ran while it waited
+    finally:
+        gate.set()
+        builder.shutdown()
+
+
+def test_a_serial_build_runs_anyway_once_it_waited_too_long(runs, monkeypatch):
+    monkeypatch.setattr(buildops._builder, "AFTER_WAIT_SECONDS", 0.3)
+    builder = Builder(threads=1)
+    gate = threading.Event()
+    try:
+        builder.submit(runs.build("op", "stuck compile", gate=gate))
+        tune = builder.submit(replace(runs.build("op", "tune"), serial=True, after=("stuck compile",)))
+        assert tune.result(WAIT) == "tune"  # its run copes with the missing compile (a tune's tuner compiles it)
+    finally:
+        gate.set()
+        builder.shutdown()
+    assert not builder._serial_worker.is_alive()
+
+
+def test_shutdown_stops_a_serial_worker_that_waits_for_compiles(runs):
+    builder = Builder(threads=1)
+    gate = threading.Event()
+    builder.submit(runs.build("op", "compile", gate=gate))
+    tune = builder.submit(replace(runs.build("op", "tune"), serial=True, after=("compile",)))
+    assert runs.started.wait(WAIT)
+    threading.Timer(0.2, gate.set).start()
+    builder.shutdown(wait=True, timeout=WAIT)
+    assert tune.cancelled() and not builder._serial_worker.is_alive()
+
+
+def test_only_serial_builds_may_wait_for_others():
+    with pytest.raises(ValueError, match="build 'k' of op op: only serial builds may name builds to run after"):
+        Build("op", "k", lambda: None, after=("compile",))
+
+
 def test_worker_count_follows_the_setting(runs):
     gate = threading.Event()
     with settings.scope(threads=3):
@@ -139,6 +188,9 @@ def test_the_gil_switch_interval_is_short_while_builds_are_in_flight(runs):
         assert queued.cancel()  # its owner cancels it: it no longer counts as in flight once a worker skips it
         gate.set()
         assert builder.join(timeout=WAIT)
+        deadline = time.monotonic() + WAIT
+        while sys.getswitchinterval() != previous and time.monotonic() < deadline:  # the skip follows the join
+            time.sleep(0.01)
         assert sys.getswitchinterval() == previous  # the last build out restores it
         with settings.scope(switch_interval_us=0):  # 0: leave it alone
             builder.submit(Build("op", 3, lambda: sys.getswitchinterval()))
