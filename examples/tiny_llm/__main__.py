@@ -6,7 +6,7 @@
               once) -> dummy weights -> rehearsal (a context batch at the maximum token count, one decode
               step) with the checkpoint's load begun beside it, the builds running meanwhile -> join the GPU
               builds -> serve. ``--load-after-rehearsal`` begins the load once the rehearsal is done: slower
-              in every measured run (its host work then does not hide behind the load), kept for comparison
+              in 7 of 8 measured runs (its host work then does not hide behind the load); for comparison
     warmup    create -> load -> the same two forwards for real, one kernel compile after another -> serve
     lazy      create -> load -> serve (every kernel compiles in the first requests)
 
