@@ -168,22 +168,26 @@ class Builder:
             if self._in_flight == 0:
                 _gil.hold()  # before the record exists: a bad setting raises with nothing queued
             self._in_flight += 1
+            try:
+                if build.uses_gpu:
+                    from ._capture import install_guard  # here, not at import: only processes with GPU builds
+                    install_guard()
+                if build.serial and self._serial_worker is None:
+                    worker = threading.Thread(target=self._work, args=(self._next_serial, self._requeue_serial),
+                                              name="buildops-serial", daemon=True)
+                    worker.start()
+                    self._serial_worker = worker
+                elif not build.serial and len(self._workers) < self.threads:
+                    self._start_worker()
+            except BaseException:  # nothing was queued: no longer in flight
+                self._count_out_locked()
+                raise
             record = _Record(build, concurrent.futures.Future(), {owner})
-            if build.uses_gpu:
-                from ._capture import install_guard  # here, not at import: only processes with GPU builds
-                install_guard()
             self._records[build.key] = record
             self._history.append(record)
             if build.serial:
-                if self._serial_worker is None:
-                    self._serial_worker = threading.Thread(
-                        target=self._work, args=(self._next_serial, self._requeue_serial),
-                        name="buildops-serial", daemon=True)
-                    self._serial_worker.start()
                 self._queue_serial_locked(record)
                 return record.future
-            if len(self._workers) < self.threads:
-                self._start_worker()
         self._queue.put(record)
         return record.future
 
@@ -231,21 +235,34 @@ class Builder:
                     if record.future.cancelled() or all(self._done_locked(key) for key in record.build.after):
                         break
                 else:
-                    oldest = self._serial_pending[0] if self._serial_pending else None
-                    if oldest is None or time.monotonic() - oldest.queued < AFTER_WAIT_SECONDS:
-                        self._serial_changed.wait(timeout=1.0)  # woken when a build finishes; 1 s: belt and braces
+                    if not self._serial_pending:
+                        self._serial_changed.wait()  # until a serial build is queued, or the builder closes
+                        continue
+                    oldest = self._serial_pending[0]
+                    patience = AFTER_WAIT_SECONDS - (time.monotonic() - oldest.queued)
+                    if patience > 0:
+                        # Woken as builds finish; the timeout only bounds a wake-up missed by other means (an
+                        # owner cancelling a future itself notifies no one).
+                        self._serial_changed.wait(timeout=min(patience, 1.0))
                         continue
                     record = oldest
                 self._serial_pending.remove(record)
                 return record
 
     def _done_locked(self, key: Hashable) -> bool:
+        # ``settled``, not ``future.done()``: a build is settled, and the serial worker woken, just before its
+        # future gets its result.
         record = self._records.get(key)
-        return record is None or record.future.done()
+        return record is None or record.settled or record.future.cancelled()
 
     def _run(self, record: _Record) -> None:
         if not record.future.set_running_or_notify_cancel():
-            with self._lock:  # cancelled while queued (by its future's owner, or by cancel or shutdown)
+            with self._lock:  # cancelled while queued: by cancel or shutdown, or by its owner through the future
+                if record.state is not BuildState.CANCELLED:  # its owner: cancel and shutdown did this already
+                    record.state = BuildState.CANCELLED
+                    self._stats.setdefault(record.build.op, OpStats()).cancelled += 1
+                    if self._records.get(record.build.key) is record:
+                        del self._records[record.build.key]  # the key may be queued again
                 self._settle(record)
                 self._serial_changed.notify_all()
             return
@@ -286,6 +303,9 @@ class Builder:
         if record.settled:
             return
         record.settled = True
+        self._count_out_locked()
+
+    def _count_out_locked(self) -> None:
         self._in_flight -= 1
         if self._in_flight == 0:
             _gil.release()

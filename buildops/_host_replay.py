@@ -7,8 +7,9 @@ dependent shapes) cannot be replayed: such an op registers a lister or uses ``@b
 Two kinds of stand-in tensors, cheapest first:
   * ``meta`` tensors (every tensor argument, weights included, with its shape, strides, offset and dtype): plain
     torch. Their one set-up cost is an import: the first meta ``empty_like`` (torch's meta kernel) imports
-    ``torch.fx.experimental.symbolic_shapes`` and sympy, 0.5 s on the CPU machine. Host code that reads a tensor's device (``x.is_cuda``, ``x.device.index``) or mixes
-    an argument with a tensor it holds elsewhere fails on them, or may take another branch and launch nothing.
+    ``torch.fx.experimental.symbolic_shapes`` and sympy, 0.5 s on the CPU machine (``start_build_workers``
+    imports it in the background). Host code that reads a tensor's device (``x.is_cuda``, ``x.device.index``) or
+    mixes an argument with a tensor it holds elsewhere fails on them, or may take another branch and launch nothing.
   * so when the meta run raises or records no launch, the host code runs again on fake tensors
     (``FakeTensorMode``), which keep the real devices and accept real tensors held elsewhere. The first use of
     ``FakeTensorMode`` in a process costs 1 s (measured on the CPU machine) to 5 s (on the GPU host) of torch's

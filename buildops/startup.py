@@ -84,8 +84,8 @@ def _prepare_builds() -> None:
 
     # The imports below are Python and hold the GIL while the engine makes its model: its CUDA calls, each of
     # which hands the GIL back, would wait up to 5 ms apiece for it.
-    with _gil.holding():
-        try:
+    try:
+        with _gil.holding():
             # A host-compiler run (a subprocess: no GIL), begun first so that it overlaps the import below.
             utils = threading.Thread(target=_build_triton_utils, name="buildops-prepare-utils", daemon=True)
             utils.start()
@@ -95,9 +95,13 @@ def _prepare_builds() -> None:
             from .triton import hash_triton_install
 
             hash_triton_install()
-            utils.join()
-        except Exception:  # builds do it themselves, or fail where someone sees it
-            logger.debug("buildops: preparing builds in the background failed", exc_info=True)
+            utils.join(UTILS_WAIT_SECONDS)  # a hung compiler must not keep the interval short
+    except Exception:  # builds do it themselves, or fail where someone sees it (a bad setting: at the first build)
+        logger.debug("buildops: preparing builds in the background failed", exc_info=True)
+
+
+# How long the preparation holds the short switch interval for Triton's helper module to compile, at most.
+UTILS_WAIT_SECONDS = 60.0
 
 
 def _build_triton_utils() -> None:

@@ -407,10 +407,9 @@ class _TuneRun:
 
     It runs on the builder's serial worker (``serial=True``): one tune at a time, since tunes running together
     would time each other, and never holding a compile worker. The worker runs it once its configs' compile
-    builds are done (``after``), and meanwhile tunes whose compiles are; the run itself also waits for them (for
-    a run by hand, or one the worker gave up waiting for). A compile that does not finish in time is left to the
-    tuner, which compiles what it lacks. With the tuner's ``cache_results``, Triton keeps the choice on disk
-    and a restart times nothing.
+    builds are done (``after``), and meanwhile tunes whose compiles are; the run itself waits for them only
+    briefly. A compile that did not finish in time is left to the tuner, which compiles what it lacks. With the
+    tuner's ``cache_results``, Triton keeps the choice on disk and a restart times nothing.
     """
 
     def __init__(self, tuner: Autotuner, layouts: tuple, kwargs: dict, compiles: list, device: torch.device) -> None:
@@ -446,8 +445,9 @@ class _TuneRun:
         return chosen[0]
 
 
-# A compile build another process of the node holds a claim on can wait long: past this, the tune goes ahead.
-COMPILE_WAIT_SECONDS = 120.0
+# The builder's serial worker already waited for the tune's compiles (``Build.after``, up to the builder's
+# ``AFTER_WAIT_SECONDS``): the run only waits for futures that are still being given their result.
+COMPILE_WAIT_SECONDS = 1.0
 
 
 @contextlib.contextmanager

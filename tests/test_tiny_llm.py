@@ -88,6 +88,18 @@ def test_checkpoint_round_trip_and_a_clear_error_for_another_size(tmp_path):
         load_checkpoint(other, path)
 
 
+def test_a_damaged_checkpoint_header_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty.safetensors"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="empty.safetensors: not a safetensors file, or its header is damaged"):
+        load_checkpoint(TinyLlm(SMALL, "cpu"), empty)
+    header = json.dumps({"embed": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 6]}}).encode()
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    with pytest.raises(ValueError, match=r"embed \(BF16 \(2, 2\)\) spans 6 bytes in the file, not 8"):
+        load_checkpoint(TinyLlm(SMALL, "cpu"), short)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the pinned, chunked copy path")
 def test_the_chunked_gpu_load_matches_safetensors(tmp_path, monkeypatch):
@@ -96,6 +108,8 @@ def test_the_chunked_gpu_load_matches_safetensors(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint._ChunkedCopy, "CHUNK", 1000)  # tensors span chunks, buffers are reused
     path = make_checkpoint(tmp_path / "small.safetensors", SMALL)
     model = TinyLlm(SMALL, "cuda")
+    torch.cuda._sleep(200_000_000)  # the default stream is busy for a while, so the dummy weights' fill is queued
+    model.dummy_weights()  # behind it when the load begins: the load must not be overwritten by it
     load_checkpoint(model, path)
     saved = load_file(path)
     assert all(torch.equal(param.cpu(), saved[name]) for name, param in model.named_parameters())

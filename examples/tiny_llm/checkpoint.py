@@ -4,6 +4,7 @@ device through pinned buffers."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -87,15 +88,25 @@ def _read_header(file, path) -> tuple[dict[str, tuple[torch.dtype, tuple[int, ..
     """The safetensors header: a little-endian u64 length, then JSON mapping each name to its dtype, shape and
     byte range in the data that follows. Read here rather than through ``safe_open``, which hands out tensors but
     not where they lie in the file."""
-    (length,) = struct.unpack("<Q", file.read(8))
-    header = json.loads(file.read(length))
-    header.pop("__metadata__", None)
+    raw = {}
+    try:
+        (length,) = struct.unpack("<Q", file.read(8))
+        header = json.loads(file.read(length))
+        header.pop("__metadata__", None)
+        for name, info in header.items():
+            begin, end = info["data_offsets"]
+            raw[name] = (info["dtype"], tuple(info["shape"]), begin, end)
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a safetensors file, or its header is damaged ({exc!r})") from exc
     entries = {}
-    for name, info in header.items():
-        if info["dtype"] not in _DTYPES:
-            raise ValueError(f"{path}: {name} has dtype {info['dtype']}, which this loader does not read")
-        begin, end = info["data_offsets"]
-        entries[name] = (_DTYPES[info["dtype"]], tuple(info["shape"]), begin, end)
+    for name, (dtype, shape, begin, end) in raw.items():
+        if dtype not in _DTYPES:
+            raise ValueError(f"{path}: {name} has dtype {dtype}, which this loader does not read")
+        nbytes = math.prod(shape) * _DTYPES[dtype].itemsize
+        if end - begin != nbytes:
+            raise ValueError(f"{path}: {name} ({dtype} {shape}) spans {end - begin} bytes in the file, not "
+                             f"{nbytes}; the header is damaged")
+        entries[name] = (_DTYPES[dtype], shape, begin, end)
     return entries, 8 + length
 
 
@@ -119,6 +130,9 @@ class _ChunkedCopy:
 
     def __init__(self, device: torch.device) -> None:
         self.stream = torch.cuda.Stream(device)
+        # Torch's streams do not wait for the default stream: without this, a write to the weights still queued
+        # there (the dummy weights' fill) could land after the checkpoint's copy and overwrite it.
+        self.stream.wait_stream(torch.cuda.current_stream(device))
         self.buffers = [torch.empty(self.CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(self.BUFFERS)]
         self.done: list[torch.cuda.Event | None] = [None] * self.BUFFERS
         self.next = 0
