@@ -6,10 +6,9 @@ dependent shapes) cannot be replayed: such an op registers a lister or uses ``@b
 
 Two kinds of stand-in tensors, cheapest first:
   * ``meta`` tensors (every tensor argument, weights included, with its shape, strides, offset and dtype): plain
-    torch. Their one set-up cost is an import: the first meta ``empty_like`` (torch's meta kernel) imports
-    ``torch.fx.experimental.symbolic_shapes`` and sympy, 0.5 s on the CPU machine (``start_build_workers``
-    imports it in the background). Host code that reads a tensor's device (``x.is_cuda``, ``x.device.index``) or
-    mixes an argument with a tensor it holds elsewhere fails on them, or may take another branch and launch nothing.
+    torch, with one shortcut (:class:`_MetaEmptyLike`). Host code that reads a tensor's device (``x.is_cuda``,
+    ``x.device.index``) or mixes an argument with a tensor it holds elsewhere fails on them, or may take another
+    branch and launch nothing.
   * so when the meta run raises or records no launch, the host code runs again on fake tensors
     (``FakeTensorMode``), which keep the real devices and accept real tensors held elsewhere. The first use of
     ``FakeTensorMode`` in a process costs 1 s (measured on the CPU machine) to 5 s (on the GPU host) of torch's
@@ -65,6 +64,26 @@ def _meta(value: torch.Tensor, shape: list[int] | None) -> torch.Tensor:
     return storage.as_strided(value.shape, value.stride(), value.storage_offset())
 
 
+class _MetaEmptyLike(torch.overrides.TorchFunctionMode):
+    """``torch.empty_like`` of a contiguous meta tensor, made directly: ``torch.empty_strided`` with its strides.
+
+    Torch's meta ``empty_like`` is a Python reference whose first call imports
+    ``torch.fx.experimental.symbolic_shapes`` and sympy: 0.3-0.5 s on the CPU machine, 1.8 s on the H200 host,
+    most of a startup's rehearsal, holding the GIL the checkpoint's loader needs. The result is the one the GPU
+    gives the real call: for a dense tensor ``empty_like`` keeps its strides. Anything else goes to torch.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.empty_like and len(args) == 1 and kwargs.keys() <= {"dtype"}:
+            like = args[0]
+            if (isinstance(like, torch.Tensor) and like.device.type == "meta" and like.layout == torch.strided
+                    and like.is_contiguous()):
+                return torch.empty_strided(like.shape, like.stride(), dtype=kwargs.get("dtype") or like.dtype,
+                                           device="meta")
+        return func(*args, **kwargs)
+
+
 def _fake(mode) -> Callable[[torch.Tensor, list[int] | None], torch.Tensor]:
     def make(value: torch.Tensor, shape: list[int] | None) -> torch.Tensor:
         if shape is None:
@@ -85,7 +104,7 @@ def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping
 
     try:
         call = _stand_in_arguments(bound, shapes, _meta)
-        with recording(op) as builds:
+        with recording(op) as builds, _MetaEmptyLike():
             fn(*call.args, **call.kwargs)
         if builds:
             return builds

@@ -52,10 +52,9 @@ def start_build_workers() -> bool:
     Workers take seconds to be ready: a forkserver imports torch and Triton, then forks them. Without this call
     they start with the first Triton build and the first builds wait for them. This module imports no torch, so
     an engine can call this first thing, before its own imports, and the forkserver's imports run beside them.
-    Once the engine has imported torch and Triton, a background thread imports what the first replay on meta
-    tensors would (torch's symbolic shapes, 1-2 s on some hosts), so that the rehearsal does not wait for it,
-    builds Triton's CUDA helper module (its driver's first use would) and hashes Triton's install (the first
-    build needs it), with the GIL's short switch interval held meanwhile (``BUILDOPS_SWITCH_INTERVAL_US``).
+    Once the engine has imported torch and Triton, a background thread builds Triton's CUDA helper module (its
+    driver's first use would) and hashes Triton's install (the first build needs it), with the GIL's short switch
+    interval held meanwhile (``BUILDOPS_SWITCH_INTERVAL_US``).
     None of it touches a GPU. Without Triton it does nothing. Workers import the main module as they start: call
     it under ``if __name__ == "__main__":``.
     """
@@ -82,16 +81,13 @@ def _prepare_builds() -> None:
         time.sleep(0.05)
     from . import _gil
 
-    # The imports below are Python and hold the GIL while the engine makes its model: its CUDA calls, each of
-    # which hands the GIL back, would wait up to 5 ms apiece for it.
+    # Hashing Triton's install is Python and holds the GIL while the engine makes its model: its CUDA calls, each
+    # of which hands the GIL back, would wait up to 5 ms apiece for it.
     try:
         with _gil.holding():
-            # A host-compiler run (a subprocess: no GIL), begun first so that it overlaps the import below.
+            # A host-compiler run (a subprocess: no GIL), begun first so that it overlaps the hashing below.
             utils = threading.Thread(target=_build_triton_utils, name="buildops-prepare-utils", daemon=True)
             utils.start()
-            # Before hashing Triton: the first replay (creating the model, or the rehearsal) needs it sooner.
-            import torch.fx.experimental.symbolic_shapes  # noqa: F401 - see start_build_workers
-
             from .triton import hash_triton_install
 
             hash_triton_install()

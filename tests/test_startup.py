@@ -113,13 +113,13 @@ if __name__ == "__main__":  # workers import the main module as they start (and 
 
     def prepared():
         done = not any(t.name.startswith("buildops-prepare") for t in threading.enumerate())
-        return done and "torch.fx.experimental.symbolic_shapes" in sys.modules and triton_key.cache_info().currsize == 1
+        return done and triton_key.cache_info().currsize == 1
 
     deadline = time.monotonic() + 60
     while not (workers.warm() and prepared()) and time.monotonic() < deadline:
         time.sleep(0.1)
     print("workers warm" if workers.warm() else "workers not warm")
-    print("prepared" if prepared() else "not prepared")  # the rehearsal's import and the first build's hash
+    print("prepared" if prepared() else "not prepared")  # the first build's hash
     from triton.runtime.driver import driver
     print("no driver here" if driver._active is None else "a driver")  # CUDA untouched: no GPU picked yet
     # Triton's CUDA helper module, built ahead of the driver's first use (where there is CUDA to build it for)
