@@ -134,6 +134,13 @@ def report(phases: list, builds: list, sampler: Sampler) -> None:
         print(f"autotuning builds: {len(tunes)}, first began {min(b[1] for b in tunes):.2f}, last ended "
               f"{max(b[2] for b in tunes):.2f}; tuning {sum(b[2] - b[1] - b[3] for b in tunes):.2f} s, waiting "
               f"for compiles {sum(b[3] for b in tunes):.2f} s")
+    for kind, chosen in (("compile builds", compiles), ("autotuning builds", tunes)):
+        if chosen:  # when each quarter of them had begun and had ended
+            began, ended = sorted(b[1] for b in chosen), sorted(b[2] for b in chosen)
+            at = [max(0, round(len(chosen) * q) - 1) for q in (0.25, 0.5, 0.75, 1.0)]
+            print(f"{kind}, a quarter / half / three quarters / all: began by "
+                  + " / ".join(f"{began[i]:.2f}" for i in at)
+                  + "; ended by " + " / ".join(f"{ended[i]:.2f}" for i in at))
     for name, start, end in phases:
         print(f"\n{name}: main thread")
         print("\n".join(sampler.top("main", start, end)))
