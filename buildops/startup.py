@@ -54,9 +54,8 @@ def start_build_workers() -> bool:
     an engine can call this first thing, before its own imports, and the forkserver's imports run beside them.
     Once the engine has imported torch and Triton, a background thread builds Triton's CUDA helper module (its
     driver's first use would) and hashes Triton's install (the first build needs it), with the GIL's short switch
-    interval held meanwhile (``BUILDOPS_SWITCH_INTERVAL_US``).
-    None of it touches a GPU. Without Triton it does nothing. Workers import the main module as they start: call
-    it under ``if __name__ == "__main__":``.
+    interval held meanwhile (``BUILDOPS_SWITCH_INTERVAL_US``). None of it touches a GPU. Without Triton it does
+    nothing. Workers import the main module as they start: call it under ``if __name__ == "__main__":``.
     """
     if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
         return False
