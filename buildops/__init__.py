@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ._builder import Build, BuildState, join, shutdown
 from ._config import ConfigError, settings
-from ._families import OpFamily, model_created, register_family, unregister_family
+from ._families import OpFamily, model_configured, model_created, register_family, unregister_family
 from ._late import LateCompile, LateCompileError, late_compiles
 from ._passes import build_pass, rehearsal
 from .report import report
@@ -61,6 +61,7 @@ __all__ = [
     "join",
     "late_compiles",
     "lists_kernels",
+    "model_configured",
     "model_created",
     "prepare_graph_capture",
     "register_family",

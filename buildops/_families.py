@@ -1,9 +1,10 @@
-"""Op families: builds that a model's configuration alone determines, queued as soon as the model exists.
+"""Op families: builds that a model's configuration alone determines, queued before any forward runs.
 
 Some kernels are known before any forward runs, even before the weights exist: the attention modules for the
 model's head dim and dtype, the GEMM shapes of its layers, a sampling module. A family recognises the models it
-knows and lists those builds; :func:`model_created` runs every registered family on a new model and queues what
-they list, so those builds start first and overlap everything after them.
+knows and lists those builds. :func:`model_configured` runs every registered family on a configuration, before the
+engine allocates its model (and often before the device's context exists); :func:`model_created` runs them on the
+new model. Either queues what they list, so those builds start first and overlap everything after them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from ._builder import Build, default_builder
 from ._passes import current_pass
 
-__all__ = ["OpFamily", "model_created", "register_family", "unregister_family"]
+__all__ = ["OpFamily", "model_configured", "model_created", "register_family", "unregister_family"]
 
 logger = logging.getLogger("buildops")
 
@@ -28,6 +29,8 @@ class OpFamily(Protocol):
 
     * ``name``: how reports and logs refer to it.
     * ``recognizes(model, config)``: cheap, side-effect free; True if this family has builds for this model.
+      ``model`` is None when the engine calls :func:`model_configured`, before the model exists: a family that
+      can list from ``config`` alone should say True then, and one that needs the model's modules False.
     * ``builds(model, config)``: the builds the configuration determines. It must not need the weights' values
       (they may not be loaded yet), nor allocate GPU memory, nor compile anything itself.
     """
@@ -59,23 +62,38 @@ def unregister_family(family: OpFamily) -> None:
             _families.remove(family)
 
 
+def model_configured(config: Any) -> list[concurrent.futures.Future]:
+    """Queue the builds of every registered family that lists them from ``config`` alone (asked with ``model=None``);
+    returns their futures. Call it before allocating the model: the allocation and the device's context then
+    overlap those builds. A later :func:`model_created` finds them queued (one build per key) and adds only what
+    needs the model.
+    """
+    return _queue_family_builds(None, config)
+
+
 def model_created(model: Any, config: Any = None) -> list[concurrent.futures.Future]:
     """Queue the builds of every registered family that recognises ``model``; returns their futures.
 
     Inside a pass the builds belong to it (a raising body cancels them, a ``build_pass`` joins them); outside one
     they go straight to the builder, to be joined with :func:`buildops.join`.
     """
+    return _queue_family_builds(model, config)
+
+
+def _queue_family_builds(model: Any, config: Any) -> list[concurrent.futures.Future]:
     with _lock:
         families = list(_families)
     futures: list[concurrent.futures.Future] = []
     build_pass = current_pass()
+    subject = type(model).__name__ if model is not None else f"the configuration {type(config).__name__}"
     for family in families:
         if not family.recognizes(model, config):
             continue
         builds = list(family.builds(model, config))
-        logger.info("buildops: family %s queues %d build(s) for %s", family.name, len(builds), type(model).__name__)
+        logger.info("buildops: family %s queues %d build(s) for %s", family.name, len(builds), subject)
         if build_pass is not None:
-            futures += build_pass.take(family.name, ("model_created", id(model)), {}, builds)
+            signature = ("model_created", id(model)) if model is not None else ("model_configured", id(config))
+            futures += build_pass.take(family.name, signature, {}, builds)
         else:
             builder = default_builder()
             futures += [builder.submit(build) for build in builds]

@@ -10,8 +10,9 @@ starting the build workers early.
 
     def start_engine(config):
         with phase("create model"):
+            buildops.model_configured(config)  # families that list from the config alone: before allocating
             model = Model(config)
-            buildops.model_created(model, config)
+            buildops.model_created(model, config)  # and those that need the model's modules
         rehearse_then_load(lambda: model(dummy_context_batch) and model(dummy_decode_step),
                            lambda: load_checkpoint(model))
         with phase("capture graphs"):

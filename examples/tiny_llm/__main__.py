@@ -2,10 +2,10 @@
 
     python -m examples.tiny_llm [--start buildops|warmup|lazy] [--size base|small] [--checkpoint PATH]
 
-    buildops  start the build workers (before importing torch) -> create the model (its GEMM builds queue at
-              once) -> dummy weights -> rehearsal (a context batch at the maximum token count, one decode
-              step) with the checkpoint's load begun beside it, the builds running meanwhile -> join the GPU
-              builds -> serve. ``--load-after-rehearsal`` begins the load once the rehearsal is done: slower
+    buildops  start the build workers (before importing torch) -> create the model (its GEMM builds queue from
+              the configuration, before the allocation) -> dummy weights -> rehearsal (a context batch at the
+              maximum token count, one decode step) with the checkpoint's load begun beside it, the builds
+              running meanwhile -> join the GPU builds -> serve. ``--load-after-rehearsal`` begins the load once the rehearsal is done: slower
               in 7 of 8 measured runs (its host work then does not hide behind the load); for comparison
     warmup    create -> load -> the same two forwards for real, one kernel compile after another -> serve
     lazy      create -> load -> serve (every kernel compiles in the first requests)
@@ -81,10 +81,10 @@ def start(how: str, model_config, checkpoint: Path, device: str, family: bool = 
           overlap: bool = True) -> TinyLlm:
     if how == "buildops":
         with phase("create model"):
-            model = TinyLlm(model_config, device)
             if family:
                 buildops.register_family(TinyLlmGemms())
-                buildops.model_created(model, model_config)
+                buildops.model_configured(model_config)
+            model = TinyLlm(model_config, device)
         with phase("dummy weights"):
             model.dummy_weights()
         rehearse_then_load(model.rehearse, lambda: load_checkpoint(model, checkpoint), overlap=overlap)

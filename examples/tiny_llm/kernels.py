@@ -6,7 +6,8 @@ count that is a multiple of 16 and one that is not as two kernels, and a prompt 
 a hand-written lister: buildops lists each by replaying its host code on fake tensors.
 
 The matmul is autotuned, keyed on the power-of-two bucket of M rather than M itself, so that the tuning (which
-buildops runs in the build, on a GPU) is done once per bucket, not again for every new prompt length.
+buildops runs in the build, on a GPU) is done once per bucket, not again for every new prompt length; buckets
+start at the smallest tile's height, since below it every M runs the same tiles on the same work.
 """
 
 from __future__ import annotations
@@ -95,9 +96,18 @@ def _matmul_configs() -> list[triton.Config]:
             for m, n, w, s in tiles]
 
 
+_SHORTEST_TILE = 16
+
+
+def _m_bucket(m: int) -> int:
+    """The tuning key's bucket of M: its next power of two, but none below the shortest tile. M = 1..16 all run
+    one row of 16-row tiles, so tuning them apart would time the same two configs on the same work five times."""
+    return max(_SHORTEST_TILE, triton.next_power_of_2(m))
+
+
 def _prune_tall_tiles(configs, named_args, **kwargs):
     """Tiles taller than M's bucket only compute padding."""
-    return [c for c in configs if c.kwargs["BLOCK_M"] <= max(16, named_args["M_BUCKET"])]
+    return [c for c in configs if c.kwargs["BLOCK_M"] <= named_args["M_BUCKET"]]
 
 
 def _quick_bench(fn, quantiles):
@@ -137,7 +147,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = Non
     n = w.shape[1]
     out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
     grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
-    _matmul_kernel[grid](x, w, out, m, n, k, triton.next_power_of_2(m))
+    _matmul_kernel[grid](x, w, out, m, n, k, _m_bucket(m))
     return out
 
 

@@ -32,6 +32,13 @@ class Config:
     def qkv_width(self) -> int:
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 
+    @property
+    def layer_gemms(self) -> dict[str, tuple[int, int]]:
+        """Each layer's GEMM weights and their shapes [K, N]: what a layer allocates, and what the GEMM family
+        lists builds for before any layer exists."""
+        return {"qkv": (self.hidden, self.qkv_width), "o": (self.heads * self.head_dim, self.hidden),
+                "gate_up": (self.hidden, 2 * self.intermediate), "down": (self.intermediate, self.hidden)}
+
 
 SIZES = {
     "base": Config(),  # 2.6 B parameters, a 5.2 GB checkpoint
@@ -47,12 +54,13 @@ class Layer(torch.nn.Module):
         def weight(*shape: int) -> torch.nn.Parameter:
             return torch.nn.Parameter(torch.empty(*shape, dtype=config.dtype, device=device), requires_grad=False)
 
+        gemms = config.layer_gemms
         self.attn_norm = weight(config.hidden)
-        self.qkv = weight(config.hidden, config.qkv_width)
-        self.o = weight(config.heads * config.head_dim, config.hidden)
+        self.qkv = weight(*gemms["qkv"])
+        self.o = weight(*gemms["o"])
         self.mlp_norm = weight(config.hidden)
-        self.gate_up = weight(config.hidden, 2 * config.intermediate)
-        self.down = weight(config.intermediate, config.hidden)
+        self.gate_up = weight(*gemms["gate_up"])
+        self.down = weight(*gemms["down"])
         cache = (config.max_seq, config.kv_heads, config.head_dim)
         self.register_buffer("k_cache", torch.zeros(cache, dtype=config.dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(cache, dtype=config.dtype, device=device), persistent=False)
