@@ -15,9 +15,12 @@ from typing import Any
 def start(backend: str = "cuda", arch: int = 90, warp_size: int = 32) -> None:
     """Process initializer: compile through a compile-only driver, never touching a GPU (each build names its
     target, :func:`compile_variant`), and pay every one-time cost of a first compile (hashing Triton's install,
-    loading LLVM, asking ptxas its version) before any build. In a worker forked from a forkserver that ran
-    :func:`warm_up_compiler`, those costs are already paid."""
+    loading LLVM, asking ptxas its version) before any build. A worker forked from a forkserver that ran
+    :func:`warm_up_compiler` for this target has them paid: it compiles nothing here, so that it takes builds
+    at once (16 workers compiling a warm-up kernel each delayed the first builds of a start)."""
     use_target(backend, arch, warp_size)
+    if _warmed_for == _target:
+        return
     try:
         _compile_a_small_kernel()
     except Exception:  # noqa: BLE001 - e.g. a Triton without this target's backend: the first build pays instead
@@ -25,6 +28,7 @@ def start(backend: str = "cuda", arch: int = 90, warp_size: int = 32) -> None:
 
 
 _target: tuple[str, int, int] | None = None  # what this process compiles for, once use_target set it
+_warmed_for: tuple[str, int, int] | None = None  # the target a first compile here (or in the forkserver) was for
 
 
 def use_target(backend: str, arch: int, warp_size: int) -> None:
@@ -46,8 +50,10 @@ def use_target(backend: str, arch: int, warp_size: int) -> None:
 
 def warm_up_compiler() -> None:
     """Pay Triton's one-time costs for a default target (``cuda:90``) in a process that will fork workers."""
+    global _warmed_for
     use_target("cuda", 90, 32)
     _compile_a_small_kernel()
+    _warmed_for = _target
 
 
 def _compile_a_small_kernel() -> None:
