@@ -28,6 +28,8 @@ import contextlib
 import gc
 import importlib.util
 import logging
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -53,17 +55,19 @@ def start_build_workers() -> bool:
     Workers take seconds to be ready: a forkserver imports torch and Triton, then forks them. Without this call
     they start with the first Triton build and the first builds wait for them. This module imports no torch, so
     an engine can call this first thing, before its own imports, and the forkserver's imports run beside them.
-    Once the engine has imported torch and Triton, a background thread builds Triton's CUDA helper module (its
-    driver's first use would) and hashes Triton's install (the first build needs it), with the GIL's short switch
-    interval held meanwhile (``BUILDOPS_SWITCH_INTERVAL_US``). None of it touches a GPU. Without Triton it does
-    nothing. Workers import the main module as they start: call it under ``if __name__ == "__main__":``.
+    A short-lived process builds Triton's CUDA helper module into Triton's cache meanwhile (the driver's first
+    use would build it, in the engine's thread), and once the engine has imported torch and Triton, a background
+    thread hashes Triton's install (the first build needs it), with the GIL's short switch interval held
+    (``BUILDOPS_SWITCH_INTERVAL_US``). None of it touches a GPU. Without Triton it does nothing. Workers import
+    the main module as they start: call it under ``if __name__ == "__main__":``.
     """
     if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
         return False
     from ._triton_pool import workers
 
     workers.start()
-    threading.Thread(target=_prepare_builds, name="buildops-prepare", daemon=True).start()
+    utils = _start_building_triton_utils()
+    threading.Thread(target=_prepare_builds, args=(utils,), name="buildops-prepare", daemon=True).start()
     return True
 
 
@@ -71,7 +75,7 @@ def start_build_workers() -> bool:
 PREPARE_WAIT_SECONDS = 600.0
 
 
-def _prepare_builds() -> None:
+def _prepare_builds(utils: subprocess.Popen | None) -> None:
     # Only once the engine's own imports of torch and Triton are done: two threads importing torch at once can
     # fail (one of them sees a partially initialised module).
     deadline = time.monotonic() + PREPARE_WAIT_SECONDS
@@ -85,32 +89,55 @@ def _prepare_builds() -> None:
     # of which hands the GIL back, would wait up to 5 ms apiece for it.
     try:
         with _gil.holding():
-            # A host-compiler run (a subprocess: no GIL), begun first so that it overlaps the hashing below.
-            utils = threading.Thread(target=_build_triton_utils, name="buildops-prepare-utils", daemon=True)
-            utils.start()
             from .triton import hash_triton_install
 
             hash_triton_install()
-            utils.join(UTILS_WAIT_SECONDS)  # a hung compiler must not keep the interval short
     except Exception:  # builds do it themselves, or fail where someone sees it (a bad setting: at the first build)
         logger.debug("buildops: preparing builds in the background failed", exc_info=True)
+    if utils is not None:
+        try:
+            if utils.wait(UTILS_WAIT_SECONDS) != 0:
+                logger.debug("buildops: building Triton's CUDA utilities ahead of use failed (no CUDA here?); its "
+                             "driver builds them when first used")
+        except subprocess.TimeoutExpired:
+            utils.kill()
+            utils.wait()
 
 
-# How long the preparation holds the short switch interval for Triton's helper module to compile, at most.
+# How long a build of Triton's CUDA helper module may take before it is stopped (its driver then builds it).
 UTILS_WAIT_SECONDS = 60.0
 
 
-def _build_triton_utils() -> None:
-    """Compile Triton's CUDA helper module (``cuda_utils``, C, built by the host compiler on a cold Triton cache)
-    into the cache. Triton builds it when its driver is first used, which the first listing on the engine's main
-    thread does: 0.3 s of the tiny LLM's model creation on the H200 host. Built here directly, not through
-    ``driver.active``: that would initialise CUDA, before the engine has picked its devices."""
+def _start_building_triton_utils() -> subprocess.Popen | None:
+    """Build Triton's CUDA helper module (``cuda_utils``, C, built by the host compiler on a cold Triton cache)
+    into Triton's cache, in a process of its own begun now. Triton builds it when its driver is first used, on
+    the engine's main thread: 0.3-0.5 s of the tiny LLM's model creation on the H200 host, where its family
+    lists before the model is allocated. This process needs only Triton (0.3 s to import), so it is done long
+    before the engine has imported torch; a thread here would have to wait for those imports. It never
+    initialises CUDA."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    try:
+        return subprocess.Popen([sys.executable, "-c", "from buildops.startup import _build_triton_utils; "
+                                 "raise SystemExit(_build_triton_utils())"],
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    except OSError:
+        logger.debug("buildops: could not start building Triton's CUDA utilities ahead of use", exc_info=True)
+        return None
+
+
+def _build_triton_utils() -> int:
+    """Build (or find in Triton's cache) its CUDA helper module; 0 if it is there now. Not through
+    ``driver.active``, which would initialise CUDA."""
     try:
         from triton.backends.nvidia.driver import CudaUtils
 
         CudaUtils()
     except Exception:  # no CUDA here, or another Triton: the driver builds it when first used
-        logger.debug("buildops: building Triton's CUDA utilities ahead of use failed", exc_info=True)
+        return 1
+    return 0
 
 
 def _imported(name: str) -> bool:
