@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 
 LAUNCHED = time.perf_counter()
@@ -22,11 +23,13 @@ LAUNCHED = time.perf_counter()
 from buildops.startup import start_build_workers  # noqa: E402 - before torch, as the example does
 
 if __name__ == "__main__":
+    # Before the workers start: their forkserver and the build of Triton's helper module take the cache from the
+    # environment as it is then.
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="buildops-profile-triton-"))
     start_build_workers()
 
 import collections  # noqa: E402
 import contextlib  # noqa: E402
-import tempfile  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -79,7 +82,6 @@ def main() -> None:
         at = sys.argv.index("--depth")
         DEPTH = int(sys.argv[at + 1])
         del sys.argv[at:at + 2]
-    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="buildops-profile-triton-"))
     sys.path.insert(0, str(ROOT))
     import buildops
     import buildops.startup as startup
