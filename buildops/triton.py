@@ -219,11 +219,13 @@ class _WarmupRun:
         self.jit, self.args, self.kwargs, self.device, self.target = jit, args, kwargs, device, the_target
 
     def __call__(self) -> Any:
-        hash_triton_install()
         if triton_executor() == "processes":
             reference = _picklable_reference(self.jit, self.args, self.kwargs)
             if reference is not None:
                 _compile_in_process(reference, self.args, self.kwargs, self.target)
+        # Only now: the warmup here needs Triton's install hashed, the worker's compile did not, and the first
+        # builds of a start used to wait for the hashing (0.3-0.4 s on the GPU host) before they reached a worker.
+        hash_triton_install()
         if _compile_only():
             return self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
         with torch.cuda.device(self.device):
