@@ -29,6 +29,7 @@ import gc
 import importlib.util
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -50,7 +51,8 @@ _lock = threading.Lock()
 
 def start_build_workers() -> bool:
     """Start the worker processes that Triton builds compile in, where builds will use them
-    (``BUILDOPS_EXECUTOR=processes``, or ``auto`` on 8 CPUs or more); returns whether it did. Returns at once.
+    (``BUILDOPS_EXECUTOR=processes``, or ``auto`` on 8 CPUs or more); returns whether it did (or had). Returns at
+    once; a second call starts nothing more.
 
     Workers take seconds to be ready: a forkserver imports torch and Triton, then forks them. Without this call
     they start with the first Triton build and the first builds wait for them. This module imports no torch, so
@@ -58,11 +60,20 @@ def start_build_workers() -> bool:
     A short-lived process builds Triton's CUDA helper module into Triton's cache meanwhile (the driver's first
     use would build it, in the engine's thread), and once the engine has imported torch and Triton, a background
     thread hashes Triton's install (the first build needs it), with the GIL's short switch interval held
-    (``BUILDOPS_SWITCH_INTERVAL_US``). None of it touches a GPU. Without Triton it does nothing. Workers import
-    the main module as they start: call it under ``if __name__ == "__main__":``.
+    (``BUILDOPS_SWITCH_INTERVAL_US``). None of it touches a GPU. Without Triton it does nothing.
+
+    Call it under ``if __name__ == "__main__":`` (workers import the main module as they start), and after
+    setting ``TRITON_CACHE_DIR`` if the engine sets it: the helper's process takes the cache from the environment
+    as it is now (where Triton's cache is elsewhere once the engine has imported it, the background thread
+    builds the helper module there itself).
     """
+    global _started
     if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
         return False
+    with _start_lock:
+        if _started:
+            return True
+        _started = True
     from ._triton_pool import workers
 
     workers.start()
@@ -71,11 +82,31 @@ def start_build_workers() -> bool:
     return True
 
 
+_started = False
+_start_lock = threading.Lock()
+
+
+def _forget_the_start() -> None:
+    # A forked child has neither the parent's workers (the pool forgets them too) nor its preparation thread.
+    global _started, _start_lock
+    _started, _start_lock = False, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_the_start)
+
 # How long the background preparation waits for the engine to import torch and Triton before it gives up.
 PREPARE_WAIT_SECONDS = 600.0
 
 
 def _prepare_builds(utils: subprocess.Popen | None) -> None:
+    try:
+        _prepare_once_imported(utils)
+    finally:
+        if utils is not None and utils.poll() is None:  # given up waiting for the imports
+            _stop(utils)
+
+
+def _prepare_once_imported(utils: subprocess.Popen | None) -> None:
     # Only once the engine's own imports of torch and Triton are done: two threads importing torch at once can
     # fail (one of them sees a partially initialised module).
     deadline = time.monotonic() + PREPARE_WAIT_SECONDS
@@ -92,20 +123,26 @@ def _prepare_builds(utils: subprocess.Popen | None) -> None:
             from .triton import hash_triton_install
 
             hash_triton_install()
+            built_into = _helper_cache_dir(utils) if utils is not None else None
+            from triton import knobs
+
+            if built_into != knobs.cache.dir:  # it failed, or the engine moved Triton's cache since
+                _build_triton_utils()
     except Exception:  # builds do it themselves, or fail where someone sees it (a bad setting: at the first build)
         logger.debug("buildops: preparing builds in the background failed", exc_info=True)
-    if utils is not None:
-        try:
-            if utils.wait(UTILS_WAIT_SECONDS) != 0:
-                logger.debug("buildops: building Triton's CUDA utilities ahead of use failed (no CUDA here?); its "
-                             "driver builds them when first used")
-        except subprocess.TimeoutExpired:
-            utils.kill()
-            utils.wait()
 
 
 # How long a build of Triton's CUDA helper module may take before it is stopped (its driver then builds it).
 UTILS_WAIT_SECONDS = 60.0
+
+# The helper's process sees this process's import path (the same Triton, the same buildops), whatever
+# PYTHONPATH says, and prints the cache it built into.
+_UTILS_SCRIPT = """\
+import sys
+sys.path[:] = {path!r}
+from buildops.startup import _build_triton_utils
+raise SystemExit(_build_triton_utils(report=True))
+"""
 
 
 def _start_building_triton_utils() -> subprocess.Popen | None:
@@ -114,29 +151,49 @@ def _start_building_triton_utils() -> subprocess.Popen | None:
     the engine's main thread: 0.3-0.5 s of the tiny LLM's model creation on the H200 host, where its family
     lists before the model is allocated. This process needs only Triton (0.3 s to import), so it is done long
     before the engine has imported torch; a thread here would have to wait for those imports. It never
-    initialises CUDA."""
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    initialises CUDA. Its own session, so that stopping it stops the host compiler it runs too."""
     try:
-        return subprocess.Popen([sys.executable, "-c", "from buildops.startup import _build_triton_utils; "
-                                 "raise SystemExit(_build_triton_utils())"],
-                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        return subprocess.Popen([sys.executable, "-c", _UTILS_SCRIPT.format(path=list(sys.path))],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
     except OSError:
         logger.debug("buildops: could not start building Triton's CUDA utilities ahead of use", exc_info=True)
         return None
 
 
-def _build_triton_utils() -> int:
-    """Build (or find in Triton's cache) its CUDA helper module; 0 if it is there now. Not through
-    ``driver.active``, which would initialise CUDA."""
+def _helper_cache_dir(utils: subprocess.Popen) -> str | None:
+    """The Triton cache the helper built the module into, once it is done; None if it failed (no CUDA here?) or
+    took too long (then it is stopped)."""
     try:
+        out, _ = utils.communicate(timeout=UTILS_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        _stop(utils)
+        return None
+    if utils.returncode != 0:
+        return None
+    return out.decode(errors="replace").strip() or None
+
+
+def _stop(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # its session: the host compiler it started too
+    except OSError:
+        pass
+    process.communicate()
+
+
+def _build_triton_utils(report: bool = False) -> int:
+    """Build (or find in Triton's cache) its CUDA helper module; 0 if it is there now (with ``report``, after
+    printing the cache's directory). Not through ``driver.active``, which would initialise CUDA."""
+    try:
+        from triton import knobs
         from triton.backends.nvidia.driver import CudaUtils
 
         CudaUtils()
     except Exception:  # no CUDA here, or another Triton: the driver builds it when first used
         return 1
+    if report:
+        print(knobs.cache.dir, flush=True)
     return 0
 
 

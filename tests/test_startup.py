@@ -107,6 +107,8 @@ from buildops.startup import start_build_workers
 if __name__ == "__main__":  # workers import the main module as they start (and have torch already)
     assert "torch" not in sys.modules  # so that an engine can start the workers before its own imports
     assert start_build_workers()
+    assert start_build_workers()  # a second call starts nothing more
+    assert sum(t.name == "buildops-prepare" for t in threading.enumerate()) == 1  # still waiting for torch
     import torch, triton  # the engine's own imports, while the workers start
     from triton.runtime.cache import triton_key
     from buildops._triton_pool import workers
