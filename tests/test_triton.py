@@ -264,6 +264,43 @@ def test_worker_processes_build_into_the_cache_and_the_parent_compiles_nothing(f
     assert len(fresh_triton) == 3 and parent_compiles == [False] * 3  # and later finds it in memory
 
 
+def test_a_build_reaches_its_worker_before_this_process_hashes_triton(monkeypatch):
+    steps = []  # the hash is only for this process's warmup; the first builds of a start used to wait for it
+    monkeypatch.setattr(bt, "_compile_in_process", lambda *args: steps.append("worker compiles"))
+    monkeypatch.setattr(bt, "hash_triton_install", lambda: steps.append("this process hashes Triton"))
+    x = torch.zeros(64)
+    [build] = bt.triton_builds("add", K.add_kernel, x, x, x, 32, BLOCK=128)
+    with settings.scope(executor="processes"):
+        build.run()
+    assert steps == ["worker compiles", "this process hashes Triton"]
+
+
+WARM_FORK = r"""
+import os
+from buildops import _triton_worker as W
+
+W.warm_up_compiler()  # what the forkserver does before it forks a worker: a real compile, for cuda:90
+compiles = []
+W._compile_a_small_kernel = lambda: compiles.append(1)
+pid = os.fork()
+if pid == 0:  # a worker forked from it
+    W.start()  # the pool's initializer, for the same target: nothing to pay
+    first = len(compiles)
+    W.start("cuda", 80, 32)  # another target: it compiles one
+    os._exit(0 if (first, len(compiles)) == (0, 1) else 1)
+_, status = os.waitpid(pid, 0)
+print("forked warm" if os.waitstatus_to_exitcode(status) == 0 else "the worker compiled at start")
+"""
+
+
+def test_a_worker_forked_warm_compiles_nothing_more_before_its_first_build(tmp_path):
+    import subprocess
+    import sys
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"), CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-c", WARM_FORK], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["forked", "warm"], done.stderr[-3000:]
+
+
 def test_a_kernel_workers_cannot_import_builds_in_a_thread(tmp_path, parent_compiles):
     import importlib.util
     import sys
