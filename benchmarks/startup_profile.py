@@ -23,7 +23,7 @@ LAUNCHED = time.perf_counter()
 from buildops.startup import start_build_workers  # noqa: E402 - before torch, as the example does
 
 if __name__ == "__main__":
-    # Before the workers start: their forkserver and the build of Triton's helper module take the cache from the
+    # Before the workers start: the build of Triton's helper module, begun with them, takes the cache from the
     # environment as it is then.
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="buildops-profile-triton-"))
     start_build_workers()

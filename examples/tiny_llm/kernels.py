@@ -96,12 +96,13 @@ def _matmul_configs() -> list[triton.Config]:
             for m, n, w, s in tiles]
 
 
-_SHORTEST_TILE = 16
+_SHORTEST_TILE = min(config.kwargs["BLOCK_M"] for config in _matmul_configs())
 
 
 def _m_bucket(m: int) -> int:
     """The tuning key's bucket of M: its next power of two, but none below the shortest tile. M = 1..16 all run
-    one row of 16-row tiles, so tuning them apart would time the same two configs on the same work five times."""
+    one row of 16-row tiles, so tuning them apart would time the same two configs on the same work five times
+    (and a bucket below every tile would leave the pruning nothing to keep)."""
     return max(_SHORTEST_TILE, triton.next_power_of_2(m))
 
 
