@@ -86,6 +86,26 @@ def test_rehearse_then_load_can_start_the_load_with_the_rehearsal(runs):
     assert current_builder().state(("op", 8)) is BuildState.BUILT
 
 
+def test_rehearse_then_load_collects_the_rehearsals_garbage_before_it_returns():
+    import gc
+    import weakref
+    collected = []
+
+    class Cycle:
+        def __init__(self):
+            self.me = self  # freed only by the cycle collector
+
+    def rehearse():
+        weakref.finalize(Cycle(), collected.append, "the rehearsal's cycle")
+
+    gc.disable()  # no automatic collection in between: only rehearse_then_load's own
+    try:
+        rehearse_then_load(rehearse, lambda: None)
+        assert collected == ["the rehearsal's cycle"]
+    finally:
+        gc.enable()
+
+
 def test_build_workers_start_early_only_where_builds_use_them():
     triton_builds = pytest.importorskip("buildops.triton")
     with buildops.settings.scope(executor="threads"):
