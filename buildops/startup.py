@@ -255,7 +255,7 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
         prepare_graph_capture()
         # The rehearsal's replays leave short-lived objects in reference cycles; collect them now rather than in
         # the middle of the first request. They are young: the young generations hold all of them (the tiny
-        # LLM's, on the CPU machine: 24 objects in 0.7 ms), while a full collection walks every object torch and
-        # Triton made (140-180 ms there; this phase took 0.08-0.11 s on the GPU host with no build to wait for).
+        # LLM's, on the CPU machine: 24 objects in under a millisecond), while a full collection walks every
+        # object torch and Triton made (125-160 ms there; benchmarks/rehearsal_garbage.py).
         gc.collect(1)
     return loaded
