@@ -1,10 +1,12 @@
 """What collecting a rehearsal's garbage costs: the tiny LLM's rehearsal replayed on meta tensors (nothing is built),
-then a collection of the young generations (``gc.collect(1)``, what ``rehearse_then_load`` does) against a full one.
+then a collection of the young generations (``gc.collect(1)``) against a full one (what ``rehearse_then_load`` does
+after the load).
 
     python3 benchmarks/rehearsal_garbage.py [--size base] [--repeats 3]
 
 Run from the repository root; CPU only. A full collection walks every object the process holds (torch's and
-Triton's included); the rehearsal's garbage is young, so the young generations hold all of it.
+Triton's included). Right after a bare rehearsal its garbage is young; in a start, what outlives two automatic
+collections during the load is not, which this does not show.
 """
 
 from __future__ import annotations

@@ -23,10 +23,12 @@ Engines keep their own loaders and runners; these only order and time the steps.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import gc
 import importlib.util
+import json
 import logging
 import os
 import signal
@@ -65,53 +67,48 @@ def start_build_workers() -> bool:
     Call it under ``if __name__ == "__main__":`` (workers import the main module as they start), and after
     setting ``TRITON_CACHE_DIR`` if the engine sets it: the helper's process takes the cache from the environment
     as it is now (where Triton's cache is elsewhere once the engine has imported it, the background thread
-    builds the helper module there itself).
+    builds the helper module there itself). Calling it again starts the workers if they were shut down since;
+    the helper and the background thread run once per process.
     """
-    global _started
+    global _prepared
     if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
         return False
-    with _start_lock:
-        if _started:
-            return True
-        _started = True
     from ._triton_pool import workers
 
-    workers.start()
-    utils = _start_building_triton_utils()
-    threading.Thread(target=_prepare_builds, args=(utils,), name="buildops-prepare", daemon=True).start()
+    workers.start()  # nothing if they run: buildops.shutdown() stops them, and then this starts them again
+    with _prepare_lock:
+        if not _prepared:
+            utils = _start_building_triton_utils()
+            threading.Thread(target=_prepare_builds, args=(utils,), name="buildops-prepare", daemon=True).start()
+            _prepared = True
     return True
 
 
-_started = False
-_start_lock = threading.Lock()
+_prepared = False  # what the helper and the background thread do lasts for the process: Triton's cache, the hash
+_prepare_lock = threading.Lock()
 
 
-def _forget_the_start() -> None:
-    # A forked child has neither the parent's workers (the pool forgets them too) nor its preparation thread.
-    global _started, _start_lock
-    _started, _start_lock = False, threading.Lock()
+def _forget_the_preparation() -> None:
+    # A forked child has not the parent's preparation thread; its hash and cache are the parent's, but a child
+    # that starts workers of its own prepares again (cheaply: both are done) rather than guess.
+    global _prepared, _prepare_lock
+    _prepared, _prepare_lock = False, threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_the_start)
+os.register_at_fork(after_in_child=_forget_the_preparation)
 
 # How long the background preparation waits for the engine to import torch and Triton before it gives up.
 PREPARE_WAIT_SECONDS = 600.0
 
 
 def _prepare_builds(utils: subprocess.Popen | None) -> None:
-    try:
-        _prepare_once_imported(utils)
-    finally:
-        if utils is not None and utils.poll() is None:  # given up waiting for the imports
-            _stop(utils)
-
-
-def _prepare_once_imported(utils: subprocess.Popen | None) -> None:
     # Only once the engine's own imports of torch and Triton are done: two threads importing torch at once can
     # fail (one of them sees a partially initialised module).
     deadline = time.monotonic() + PREPARE_WAIT_SECONDS
     while not (_imported("torch") and _imported("triton")):
         if time.monotonic() > deadline:
+            if utils is not None:
+                _stop(utils)
             return
         time.sleep(0.05)
     from . import _gil
@@ -123,23 +120,27 @@ def _prepare_once_imported(utils: subprocess.Popen | None) -> None:
             from .triton import hash_triton_install
 
             hash_triton_install()
-            built_into = _helper_cache_dir(utils) if utils is not None else None
-            from triton import knobs
-
-            if built_into != knobs.cache.dir:  # it failed, or the engine moved Triton's cache since
-                _build_triton_utils()
     except Exception:  # builds do it themselves, or fail where someone sees it (a bad setting: at the first build)
-        logger.debug("buildops: preparing builds in the background failed", exc_info=True)
+        logger.debug("buildops: hashing Triton's install in the background failed", exc_info=True)
+    built_into = _helper_cache_dir(utils) if utils is not None else None  # waits, without the short interval
+    try:
+        from triton import knobs
+
+        if built_into != knobs.cache.dir:  # it failed, or the engine moved Triton's cache since
+            with _gil.holding():
+                _build_triton_utils()
+    except Exception:  # the driver builds it when first used
+        logger.debug("buildops: building Triton's CUDA utilities in the background failed", exc_info=True)
 
 
 # How long a build of Triton's CUDA helper module may take before it is stopped (its driver then builds it).
 UTILS_WAIT_SECONDS = 60.0
 
 # The helper's process sees this process's import path (the same Triton, the same buildops), whatever
-# PYTHONPATH says, and prints the cache it built into.
+# PYTHONPATH says; it reads it from stdin (a command line has a length limit), and prints the cache it built into.
 _UTILS_SCRIPT = """\
-import sys
-sys.path[:] = {path!r}
+import json, sys
+sys.path[:] = json.load(sys.stdin)
 from buildops.startup import _build_triton_utils
 raise SystemExit(_build_triton_utils(report=True))
 """
@@ -151,35 +152,48 @@ def _start_building_triton_utils() -> subprocess.Popen | None:
     the engine's main thread: 0.3-0.5 s of the tiny LLM's model creation on the H200 host, where its family
     lists before the model is allocated. This process needs only Triton (0.3 s to import), so it is done long
     before the engine has imported torch; a thread here would have to wait for those imports. It never
-    initialises CUDA. Its own session, so that stopping it stops the host compiler it runs too."""
+    initialises CUDA. It has a session of its own, so that stopping it stops the host compiler it runs too; it
+    is stopped at exit if it still runs then."""
     try:
-        return subprocess.Popen([sys.executable, "-c", _UTILS_SCRIPT.format(path=list(sys.path))],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+        utils = subprocess.Popen([sys.executable, "-c", _UTILS_SCRIPT], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
         logger.debug("buildops: could not start building Triton's CUDA utilities ahead of use", exc_info=True)
         return None
+    try:
+        utils.stdin.write(json.dumps([p for p in sys.path if isinstance(p, str)]).encode())
+        utils.stdin.close()
+    except OSError:  # it died already: _helper_cache_dir sees its exit status
+        pass
+    atexit.register(_stop, utils)
+    return utils
 
 
 def _helper_cache_dir(utils: subprocess.Popen) -> str | None:
     """The Triton cache the helper built the module into, once it is done; None if it failed (no CUDA here?) or
-    took too long (then it is stopped)."""
+    took too long (then it is stopped). Its output is one short line: waiting before reading cannot block it."""
     try:
-        out, _ = utils.communicate(timeout=UTILS_WAIT_SECONDS)
+        returncode = utils.wait(UTILS_WAIT_SECONDS)
     except subprocess.TimeoutExpired:
         _stop(utils)
         return None
-    if utils.returncode != 0:
+    out = utils.stdout.read().decode(errors="replace").strip()
+    utils.stdout.close()
+    if returncode != 0 or not out:
         return None
-    return out.decode(errors="replace").strip() or None
+    return out
 
 
 def _stop(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # its session: the host compiler it started too
-    except OSError:
-        pass
-    process.communicate()
+    """Stop ``process`` and its session (the host compiler it started too), if it still runs; reap it."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        process.wait()
+    if process.stdout is not None and not process.stdout.closed:
+        process.stdout.close()
 
 
 def _build_triton_utils(report: bool = False) -> int:
@@ -254,8 +268,10 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
 
         prepare_graph_capture()
         # The rehearsal's replays leave short-lived objects in reference cycles; collect them now rather than in
-        # the middle of the first request. They are young: the young generations hold all of them (the tiny
-        # LLM's, on the CPU machine: 24 objects in under a millisecond), while a full collection walks every
-        # object torch and Triton made (125-160 ms there; benchmarks/rehearsal_garbage.py).
-        gc.collect(1)
+        # the middle of the first request. A full collection, though it walks every object torch and Triton made
+        # (125-160 ms on the CPU machine, benchmarks/rehearsal_garbage.py): the young generations alone cost
+        # next to nothing, but garbage that outlived two automatic collections (through the load, the builds'
+        # completions) is in the oldest, and a full collection also resets the count of promoted objects that
+        # decides when the next full one runs, in serving.
+        gc.collect()
     return loaded

@@ -127,7 +127,7 @@ from buildops.startup import start_build_workers
 if __name__ == "__main__":  # workers import the main module as they start (and have torch already)
     assert "torch" not in sys.modules  # so that an engine can start the workers before its own imports
     assert start_build_workers()
-    assert start_build_workers()  # a second call starts nothing more
+    assert start_build_workers()  # a second call prepares nothing more
     assert sum(t.name == "buildops-prepare" for t in threading.enumerate()) == 1  # still waiting for torch
     import torch, triton  # the engine's own imports, while the workers start
     from triton.runtime.cache import triton_key
@@ -147,6 +147,11 @@ if __name__ == "__main__":  # workers import the main module as they start (and 
     # Triton's CUDA helper module, built ahead of the driver's first use (where there is CUDA to build it for)
     built = bool(glob.glob(os.path.join(os.environ["TRITON_CACHE_DIR"], "*", "cuda_utils*")))
     print("utils built" if built == torch.cuda.is_available() else f"utils built: {built}")
+    buildops.shutdown()  # stops the workers; a later call starts them again
+    assert not workers.started and start_build_workers()
+    while not workers.warm() and time.monotonic() < deadline + 60:
+        time.sleep(0.1)
+    print("workers warm again" if workers.warm() else "workers not started again")
 """
 
 
@@ -162,7 +167,35 @@ def run_script(path, text: str) -> subprocess.CompletedProcess:
 def test_build_workers_start_before_torch_is_imported(tmp_path):
     done = run_script(tmp_path / "early_start.py", EARLY_START)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["workers warm", "prepared", "no driver here", "utils built"], done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["workers warm", "prepared", "no driver here", "utils built",
+                                        "workers warm again"], done.stderr[-3000:]
+
+
+def test_the_helper_process_gets_this_process_import_path_and_its_answer_is_read(monkeypatch):
+    import json
+
+    import buildops.startup as S
+    # The helper's own code, but printing its import path where it would print Triton's cache.
+    monkeypatch.setattr(S, "_UTILS_SCRIPT", S._UTILS_SCRIPT.split("from buildops")[0] + "print(json.dumps(sys.path))")
+    utils = S._start_building_triton_utils()
+    assert json.loads(S._helper_cache_dir(utils)) == [p for p in sys.path if isinstance(p, str)]
+
+
+@pytest.mark.parametrize("helper_built_into, builds_here", [("this cache", False), ("another cache", True),
+                                                            (None, True)])
+def test_the_preparation_builds_the_helper_module_where_the_helper_did_not(monkeypatch, tmp_path,
+                                                                           helper_built_into, builds_here):
+    pytest.importorskip("triton")
+    from triton import knobs
+
+    import buildops.startup as S
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "this"))
+    answers = {"this cache": knobs.cache.dir, "another cache": str(tmp_path / "other"), None: None}
+    monkeypatch.setattr(S, "_helper_cache_dir", lambda utils: answers[helper_built_into])  # None: it failed
+    built = []
+    monkeypatch.setattr(S, "_build_triton_utils", lambda: built.append(knobs.cache.dir) or 0)
+    S._prepare_builds(utils=object())  # torch and Triton are imported: it goes straight on
+    assert built == ([knobs.cache.dir] if builds_here else [])
 
 
 NO_GUARD = r"""
