@@ -54,7 +54,7 @@ _lock = threading.Lock()
 def start_build_workers() -> bool:
     """Start the worker processes that Triton builds compile in, where builds will use them
     (``BUILDOPS_EXECUTOR=processes``, or ``auto`` on 8 CPUs or more); returns whether it did (or had). Returns at
-    once; a second call starts nothing more.
+    once.
 
     Workers take seconds to be ready: a forkserver imports torch and Triton, then forks them. Without this call
     they start with the first Triton build and the first builds wait for them. This module imports no torch, so
