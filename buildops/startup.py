@@ -267,11 +267,13 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
         from ._capture import prepare_graph_capture  # here: this module imports no torch (start_build_workers)
 
         prepare_graph_capture()
+    with phase(f"{name}: collect garbage"):
         # The rehearsal's replays leave short-lived objects in reference cycles; collect them now rather than in
         # the middle of the first request. A full collection, though it walks every object torch and Triton made
         # (125-160 ms on the CPU machine, benchmarks/rehearsal_garbage.py): the young generations alone cost
         # next to nothing, but garbage that outlived two automatic collections (through the load, the builds'
         # completions) is in the oldest, and a full collection also resets the count of promoted objects that
-        # decides when the next full one runs, in serving.
+        # decides when the next full one runs, in serving. Collecting under the load instead, right after the
+        # rehearsal, made the load as much longer (it holds the GIL the loader needs between its reads).
         gc.collect()
     return loaded
