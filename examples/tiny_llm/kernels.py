@@ -112,8 +112,11 @@ def _prune_tall_tiles(configs, named_args, **kwargs):
 
 
 def _quick_bench(fn, quantiles):
-    # Short timing windows: tuning runs once per (bucket, N, K), and a startup pays for all of them.
-    return triton.testing.do_bench(fn, warmup=2, rep=10, quantiles=quantiles)
+    # Short timing windows: tuning runs once per (bucket, N, K), and a startup pays for all of them. do_bench
+    # fits as many runs into the window as it holds (each a fraction of a millisecond here). 1 ms of warmup and
+    # 5 of repeats, against 2 and 10, cut the startup's 25 tunes from 1.5-1.7 s to 0.9-1.1 s on the H200 host
+    # with the same steady latency and tokens (docs/benchmarks.md, seventh session).
+    return triton.testing.do_bench(fn, warmup=1, rep=5, quantiles=quantiles)
 
 
 @triton.autotune(configs=_matmul_configs(), key=["M_BUCKET", "N", "K"],
