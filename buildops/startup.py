@@ -274,6 +274,6 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
         # next to nothing, but garbage that outlived two automatic collections (through the load, the builds'
         # completions) is in the oldest, and a full collection also resets the count of promoted objects that
         # decides when the next full one runs, in serving. Collecting under the load instead, right after the
-        # rehearsal, made the load as much longer (it holds the GIL the loader needs between its reads).
+        # rehearsal, made the load longer by about as much (it holds the GIL that the loader needs between reads).
         gc.collect()
     return loaded
