@@ -107,10 +107,11 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    from buildops._config import cpu_share
+    from buildops._config import cpu_share, default_workers
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=min(32, cpu_share()))
+    parser.add_argument("--workers", type=int, default=default_workers(cpu_share()),
+                        help="for every way (default: as many as buildops runs by default here)")
     args = parser.parse_args()
     workers = args.workers
     launches = variants()

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ConfigError", "cpu_share", "settings", "triton_executor"]
+__all__ = ["ConfigError", "cpu_share", "default_workers", "settings", "triton_executor"]
 
 
 class ConfigError(ValueError):
@@ -75,6 +75,17 @@ def cpu_share() -> int:
     return count
 
 
+def default_workers(cpus: int) -> int:
+    """How many builds run at once by default on ``cpus`` CPUs: all of them but a quarter, at most 4 (none on
+    fewer than 4), and at most 32.
+
+    Why leave cores idle: builds overlap the engine's own start, whose process keeps several threads busy
+    meanwhile (its main thread, its loader, buildops' module loads and autotuning). A worker per core left those
+    on the run queues and made the tiny LLM's start slower on the 16-core H200 host (``docs/design.md``).
+    """
+    return max(1, min(32, cpus - min(4, cpus // 4)))
+
+
 # Triton's front end holds the GIL, so on many cores threads mostly wait for each other; processes do not.
 # Measured on a 16-core H200 host, 48 variants: 16 threads 4.6-5.9x serial, 16 warm processes 9.2-12.6x. On a few
 # cores the cost of starting processes is not won back. Processes only once warm (threads meanwhile) measured
@@ -121,8 +132,9 @@ _SETTINGS = {
         "0 makes every decorator transparent and every pass a plain block.",
     ),
     "threads": _Setting(
-        "BUILDOPS_THREADS", _parse_count, lambda: min(32, cpu_share()),
-        "Worker threads of the builder (default: this process's CPU share, at most 32).",
+        "BUILDOPS_THREADS", _parse_count, lambda: default_workers(cpu_share()),
+        "Builds at once: worker threads of the builder, and worker processes (default: this process's CPU share "
+        "less a quarter, at most 4 kept for the engine's own threads; at most 32).",
     ),
     "executor": _Setting(
         "BUILDOPS_EXECUTOR", _parse_choice("auto", "threads", "processes"), lambda: "auto",

@@ -106,9 +106,11 @@ def test_worker_count_follows_the_setting(runs):
     assert buildops.join(timeout=WAIT)
 
 
-def test_default_threads_are_the_cpu_share_capped_at_32():
-    from buildops._config import cpu_share
-    assert settings.threads == min(32, cpu_share()) >= 1
+def test_default_threads_leave_cores_to_the_engine_and_stop_at_32():
+    from buildops._config import cpu_share, default_workers
+    assert settings.threads == default_workers(cpu_share()) >= 1
+    # none kept below 4 CPUs, a quarter up to 16, then 4; never more than 32
+    assert [default_workers(n) for n in (1, 2, 3, 4, 8, 12, 16, 20, 36, 128)] == [1, 2, 3, 3, 6, 9, 12, 16, 32, 32]
 
 
 def test_shutdown_stops_the_workers(runs):
