@@ -12,6 +12,7 @@ operating system drops its locks), so no process waits for a dead one.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 from collections.abc import Hashable
@@ -22,6 +23,8 @@ from filelock import FileLock, Timeout
 from ._config import settings
 
 __all__ = ["NodeClaims", "node_claims"]
+
+logger = logging.getLogger("buildops")
 
 
 class NodeClaims:
@@ -35,14 +38,39 @@ class NodeClaims:
         # repr, not hash(): the name must be the same in every process (hash() of a str is salted per process)
         return self.directory / (hashlib.sha256(repr(key).encode()).hexdigest()[:40] + ".lock")
 
-    def try_claim(self, key: Hashable, wait: float) -> FileLock | None:
-        """The claim on ``key`` if it can be had within ``wait`` seconds, else None; release it when done."""
+    def try_claim(self, key: Hashable, wait: float) -> FileLock | _Unclaimed | None:
+        """The claim on ``key`` if it can be had within ``wait`` seconds, else None; release it when done.
+
+        Where the lock file cannot be made (the directory was removed, is another user's, is read-only), a claim
+        that holds nothing, after a warning: the build goes ahead unshared rather than fail or be lost.
+        """
         lock = FileLock(self.path(key), thread_local=False)
         try:
             lock.acquire(timeout=wait)
         except Timeout:
             return None
+        except OSError as error:
+            _warn_unusable(self.directory, error)
+            return _Unclaimed()
         return lock
+
+
+class _Unclaimed:
+    """A claim that holds nothing: the build is not shared with the node's other processes."""
+
+    def release(self) -> None:
+        pass
+
+
+_warned: set[str] = set()
+
+
+def _warn_unusable(directory: Path, error: OSError) -> None:
+    if str(directory) not in _warned:  # once per directory, not once per build
+        _warned.add(str(directory))
+        logger.warning("buildops: BUILDOPS_NODE_LOCKS directory %s cannot be used (%s); builds go on without "
+                       "node-wide claims, so other processes of this node may build the same kernels. Set "
+                       "BUILDOPS_NODE_LOCKS to a directory this user can write, or to off.", directory, error)
 
 
 def node_claims() -> NodeClaims | None:
@@ -51,4 +79,8 @@ def node_claims() -> NodeClaims | None:
     if where == "off":
         return None
     directory = Path(where) if where else Path(tempfile.gettempdir()) / f"buildops-node-locks-{os.getuid()}"
-    return NodeClaims(directory)
+    try:
+        return NodeClaims(directory)
+    except OSError as error:
+        _warn_unusable(directory, error)
+        return None

@@ -67,3 +67,30 @@ def test_a_process_that_dies_mid_build_hangs_nobody(tmp_path):
     victim.wait(WAIT)
     ranks = [summary(p) for p in others]
     assert all(r["built"] == 12 and r["failed"] == 0 and r["after"] == 0 for r in ranks)
+
+
+def test_an_unusable_lock_directory_leaves_builds_unshared_not_lost(runs, tmp_path, monkeypatch, caplog):
+    import buildops
+    from buildops._builder import default_builder
+
+    locks = tmp_path / "locks"
+    monkeypatch.setenv("BUILDOPS_NODE_LOCKS", str(locks))
+    builder = default_builder()  # makes the directory
+    locks.rmdir()
+    locks.write_text("")  # now a file: no lock file can be made in it
+    with caplog.at_level("WARNING", logger="buildops"):
+        assert builder.submit(runs.build("op", "first")).result(WAIT) == "first"
+        assert builder.submit(runs.build("op", "second")).result(WAIT) == "second"
+    assert buildops.join(timeout=WAIT)
+    warnings = [r.getMessage() for r in caplog.records if "BUILDOPS_NODE_LOCKS" in r.getMessage()]
+    assert len(warnings) == 1 and str(locks) in warnings[0]  # once, naming the variable and the directory
+
+
+def test_a_lock_directory_that_cannot_be_made_leaves_builds_unshared(runs, tmp_path, monkeypatch, caplog):
+    from buildops._builder import default_builder
+
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("BUILDOPS_NODE_LOCKS", str(tmp_path / "a-file" / "locks"))
+    with caplog.at_level("WARNING", logger="buildops"):
+        assert default_builder().submit(runs.build("op", "key")).result(WAIT) == "key"
+    assert any("BUILDOPS_NODE_LOCKS" in r.getMessage() for r in caplog.records)
