@@ -24,7 +24,7 @@ from typing import Any, Union
 import torch
 import wrapt
 
-from ._builder import Build, current_builder
+from ._builder import Build, current_builder, on_builder_thread
 from ._config import settings
 from ._gpu import worker_stream
 from ._passes import BuildPass, _current
@@ -81,7 +81,9 @@ class _Op:
         """wrapt's wrapper (for a plain function, _FunctionOp.__call__ takes the fast path before it)."""
         build_pass = _current.get()
         if build_pass is None:
-            if self.pending:
+            # Never on a builder thread: a build that calls another op (a @builds_by_running body) would wait for
+            # builds queued behind it on the same workers; there the inner op compiles as part of the build.
+            if self.pending and not on_builder_thread():
                 self._wait_for_own_builds(instance, args, kwargs)
             return wrapped(*args, **kwargs)
         return self._list(build_pass, instance, args, kwargs)
@@ -233,10 +235,16 @@ def _fit(tensor: torch.Tensor, dims: Mapping[int, int]) -> torch.Tensor:
 
 
 def _fitted(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]]) -> inspect.BoundArguments:
-    """The call's arguments with swept tensors cut or tiled and swept ints replaced, for one swept shape."""
+    """The call's arguments for one swept shape: swept tensors cut or tiled, swept ints replaced, and every other
+    tensor argument copied too (a run may write into any of them, a cache or an output buffer, while the caller
+    goes on with its own)."""
     call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
-    for name, fitted in shapes.items():
-        call.arguments[name] = fitted[-1] if -1 in fitted else _fit(call.arguments[name], fitted)
+    for name, value in call.arguments.items():
+        fitted = shapes.get(name)
+        if fitted is not None:
+            call.arguments[name] = fitted[-1] if -1 in fitted else _fit(value, fitted)
+        elif isinstance(value, torch.Tensor):
+            call.arguments[name] = value.clone()
     return call
 
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import buildops
-from buildops import BuildConfig, DynamicSpec, SpecError, TensorSpec, build_pass, builds_by_running, \
+from buildops import Build, BuildConfig, DynamicSpec, SpecError, TensorSpec, build_pass, builds_by_running, \
     lists_kernels, rehearsal, report, settings
 from buildops._builder import current_builder
 from buildops.testing import record_listings
@@ -134,20 +134,48 @@ def test_builds_by_running_runs_the_op_at_each_swept_shape():
     ran = []
 
     @builds_by_running(BuildConfig(DynamicSpec("x", 0, sweep=[2, 8])), dims={"out": 0}, output="out")
-    def scale_into(x, out, factor):
+    def scale_into(x, out, factor, calls):
         ran.append((x.shape, out.shape, factor, threading.current_thread().name))
         out.copy_(x * factor)
+        calls.add_(1)  # a tensor no dim follows: the run gets a copy of it too
         return out
 
-    x, out = torch.arange(12.0).reshape(4, 3), torch.full((4, 3), -1.0)
+    x, out, calls = torch.arange(12.0).reshape(4, 3), torch.full((4, 3), -1.0), torch.zeros(1)
     with build_pass("warmup"):
-        placeholder = scale_into(x, out, 2.0)
-        scale_into(torch.ones(6, 3), torch.ones(6, 3), 2.0)  # same signature
+        placeholder = scale_into(x, out, 2.0, calls)
+        scale_into(torch.ones(6, 3), torch.ones(6, 3), 2.0, calls)  # same signature
     assert torch.equal(placeholder, torch.zeros(4, 3))
     assert sorted(r[:3] for r in ran) == [((2, 3), (2, 3), 2.0), ((8, 3), (8, 3), 2.0)]
     assert all(name.startswith("buildops-worker") for *_, name in ran)
-    assert torch.equal(out, torch.full((4, 3), -1.0))  # the call's own tensors were not written
-    assert torch.equal(scale_into(x, out, 2.0), x * 2)
+    # the call's own tensors were not written, swept or not
+    assert torch.equal(out, torch.full((4, 3), -1.0)) and torch.equal(calls, torch.zeros(1))
+    assert torch.equal(scale_into(x, out, 2.0, calls), x * 2) and calls.item() == 1
+
+
+def test_a_build_that_calls_another_op_does_not_wait_for_builds_queued_behind_it():
+    built = []
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep=[1, 2, 4])), output="x")
+    def inner(x):
+        return x
+
+    inner.lister(lambda x: [Build("inner", ("inner", x.shape[0]), lambda: built.append(x.shape[0]))])
+
+    @builds_by_running(BuildConfig(DynamicSpec("x", 0, sweep=[1, 2, 4])), output="x")
+    def outer(x):
+        threading.Event().wait(0.2)  # long enough for inner's builds to be queued behind this one's
+        return inner(x)
+
+    done = threading.Event()
+
+    def warm_up():
+        with buildops.settings.scope(threads=3), build_pass("warmup"):  # as many workers as outer has builds
+            inner(outer(torch.zeros(4, 8)))
+        done.set()
+
+    threading.Thread(target=warm_up, daemon=True).start()
+    assert done.wait(WAIT), "the pass never ended: outer's runs waited for inner's builds behind them"
+    assert sorted(built) == [1, 2, 4]
 
 
 def test_builds_by_running_tiles_with_the_calls_data():
