@@ -201,22 +201,28 @@ class _Settings:
     def scope(self, **overrides: Any) -> Iterator[None]:
         """Override settings for the block, then restore them: ``with settings.scope(threads=2): ...``.
 
-        Values are Python values (``threads=2``, ``enabled=False``), checked by the same parsers as the env.
+        Values are Python values (``threads=2``, ``enabled=False``), checked by the same parsers as the env. The
+        overrides are process-wide, seen by every thread (buildops' own included), and the block restores only the
+        settings it named: scopes on other settings, in other threads, are left as they are.
         """
         for name, value in overrides.items():
             setting = _SETTINGS.get(name)
             if setting is None:
                 raise ConfigError(f"settings.scope({name}=...): unknown setting; known: {', '.join(sorted(_SETTINGS))}")
             setting.parse(setting.env, _as_env(value))
+        missing = object()
         with self._lock:
-            saved = dict(self._overrides)
+            saved = {name: self._overrides.get(name, missing) for name in overrides}
             self._overrides.update(overrides)
         try:
             yield
         finally:
             with self._lock:
-                self._overrides.clear()
-                self._overrides.update(saved)
+                for name, value in saved.items():
+                    if value is missing:
+                        self._overrides.pop(name, None)
+                    else:
+                        self._overrides[name] = value
 
 
 def _as_env(value: Any) -> str:

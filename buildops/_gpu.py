@@ -55,13 +55,15 @@ class MemoryGate:
         self._holding = 0
         self.waits = 0  # how often a build waited for others to free memory (the report's "ran fewer at once")
 
-    def allocate(self, device: torch.device, nbytes: int, make: Callable[[], T], what: str) -> T:
-        """``make()`` the operands once ``nbytes`` fit; the caller must :meth:`release` when done with them."""
+    def allocate(self, device: torch.device, nbytes: int, make: Callable[[], T], what: str,
+                 reserve_mb: int | None = None) -> T:
+        """``make()`` the operands once ``nbytes`` fit, leaving ``reserve_mb`` (default: the setting) free; the
+        caller must :meth:`release` when done with them."""
         if device.type != "cuda":
             with self._cond:
                 self._holding += 1
             return make()
-        reserve = settings.gpu_reserve_mb * _MIB
+        reserve = (settings.gpu_reserve_mb if reserve_mb is None else reserve_mb) * _MIB
         with self._cond:
             while True:
                 free = self._free(device)
@@ -86,9 +88,9 @@ gate = MemoryGate()
 
 
 def run_admitted(device: torch.device, nbytes: int, make: Callable[[], Any], run: Callable[[Any], None],
-                 what: str) -> None:
+                 what: str, reserve_mb: int | None = None) -> None:
     """Allocate through the gate, run on this worker's stream (on a GPU), wait for the work, release."""
-    operands = gate.allocate(device, nbytes, make, what)
+    operands = gate.allocate(device, nbytes, make, what, reserve_mb)
     try:
         if device.type != "cuda":
             run(operands)

@@ -186,8 +186,8 @@ def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, res
         for m in ms:
             _call(entry, shape, operands, m)
 
-    with settings.scope(gpu_reserve_mb=reserve_mb):
-        run_admitted(dev, shape.operand_bytes(m_max), make, run, f"DeepGEMM {KINDS[shape.kind]} {shape}")
+    # The reserve as an argument, not a settings.scope: scopes are process-wide, and builds run side by side.
+    run_admitted(dev, shape.operand_bytes(m_max), make, run, f"DeepGEMM {KINDS[shape.kind]} {shape}", reserve_mb)
     return len(ms)
 
 

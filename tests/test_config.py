@@ -1,7 +1,11 @@
+import threading
+
 import pytest
 import torch
 
 from buildops import BuildConfig, ConfigError, DynamicSpec, build_pass, lists_kernels, settings
+
+from conftest import WAIT
 
 
 @pytest.mark.parametrize("variable, value, attribute, message", [
@@ -59,6 +63,35 @@ def test_scope_overrides_and_restores(monkeypatch):
             pass
     with pytest.raises(AttributeError, match="buildops has no setting 'thread'"):
         settings.thread
+
+
+def test_scopes_that_overlap_in_two_threads_restore_only_their_own_settings(monkeypatch):
+    monkeypatch.delenv("BUILDOPS_GPU_RESERVE_MB", raising=False)
+    monkeypatch.delenv("BUILDOPS_THREADS", raising=False)
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with settings.scope(threads=5):
+            first_in.set()
+            assert second_in.wait(WAIT)
+            seen["threads"] = settings.threads
+        first_out.set()
+
+    def second():  # enters after the first and leaves after it
+        assert first_in.wait(WAIT)
+        with settings.scope(gpu_reserve_mb=512):
+            second_in.set()
+            assert first_out.wait(WAIT)
+            seen["threads after the first left"] = settings.threads
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    assert seen == {"threads": 5, "threads after the first left": settings.threads}  # the first's override gone
+    assert settings.threads != 5 and settings.gpu_reserve_mb == 1024 and settings._overrides == {}
 
 
 def test_bad_setting_leaves_ops_untouched(monkeypatch):

@@ -117,3 +117,6 @@ def test_the_memory_gate_admits_what_fits_and_runs_fewer_at_once():
         with pytest.raises(NotEnoughGpuMemory, match=r"second: dummy operands need 4 MiB, 3 MiB is free and "
                                                      r"BUILDOPS_GPU_RESERVE_MB keeps 1 MiB"):
             gate.allocate(cuda, 4 << 20, lambda: None, "second")  # nothing else holds memory: it never fits
+        # a reserve given by the build (a DeepGEMM build carries the one its process had) wins over the setting
+        with pytest.raises(NotEnoughGpuMemory, match="BUILDOPS_GPU_RESERVE_MB keeps 3 MiB"):
+            gate.allocate(cuda, 1 << 20, lambda: None, "third", reserve_mb=3)
