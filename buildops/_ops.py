@@ -193,7 +193,12 @@ class _ListingOp(_Op):
                 specs.arguments[name] = TensorSpec.like(value, fitted)
             elif -1 in fitted:
                 specs.arguments[name] = fitted[-1]
-        builds = list(self.lister(*specs.args, **specs.kwargs) or ())
+        try:
+            builds = list(self.lister(*specs.args, **specs.kwargs) or ())
+        except Exception as error:  # a bug in the lister: it raises into the pass body, with where it came from
+            if hasattr(error, "add_note"):  # Python 3.11+; the error keeps its own type for whoever catches it
+                error.add_note(f"buildops: raised by the lister of op {self.name} at swept dims {dict(dims)}")
+            raise
         for build in builds:
             if not isinstance(build, Build):
                 raise TypeError(f"the lister of {self.name} returned {build!r}; a lister returns Build objects")

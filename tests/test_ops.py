@@ -244,6 +244,11 @@ def test_misuse_at_first_call_names_op_argument_and_dim():
     op.lister(lambda x: ["not a build"])
     with build_pass("warmup"), pytest.raises(TypeError, match="the lister of <lambda> returned 'not a build'"):
         op(torch.empty(4, 4))
+    op.lister(lambda x: {"float16": []}[str(x.dtype)])  # a lister with a bug: its error, with where it came from
+    with build_pass("warmup"), pytest.raises(KeyError) as raised:
+        op(torch.empty(4, 4))
+    if hasattr(raised.value, "add_note"):
+        assert raised.value.__notes__ == ["buildops: raised by the lister of op <lambda> at swept dims {'x.1': 1}"]  # the first swept size
     # outside a pass a malformed call is the function's own business
     assert op("anything") == "anything"
 
