@@ -248,7 +248,8 @@ def test_misuse_at_first_call_names_op_argument_and_dim():
     with build_pass("warmup"), pytest.raises(KeyError) as raised:
         op(torch.empty(4, 4))
     if hasattr(raised.value, "add_note"):
-        assert raised.value.__notes__ == ["buildops: raised by the lister of op <lambda> at swept dims {'x.1': 1}"]  # the first swept size
+        # at the first swept size
+        assert raised.value.__notes__ == ["buildops: raised by the lister of op <lambda> at swept dims {'x.1': 1}"]
     # outside a pass a malformed call is the function's own business
     assert op("anything") == "anything"
 
