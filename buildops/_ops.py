@@ -286,6 +286,11 @@ class _FunctionOp(wrapt.FunctionWrapper):
 
 def _wrap(fn: Callable, op: _Op) -> Callable:
     """The op's wrapper; ``.lister`` reaches the op through the wrapped function (a proxy forwards attributes)."""
+    earlier = getattr(getattr(fn, "lister", None), "__self__", None)
+    if isinstance(earlier, _Op):  # a second op on one function would take the first's .lister and .builds_for
+        raise TypeError(f"buildops cannot decorate {op.name}: its function is already the op {earlier.name}, and an "
+                        f"op's .lister lives on its function; give each op a function of its own (e.g. one that "
+                        f"calls {getattr(fn, '__qualname__', fn)!s})")
     try:
         fn.lister = op.register_lister  # type: ignore[attr-defined]
         fn.builds_for = op.builds_for  # type: ignore[attr-defined]

@@ -233,6 +233,16 @@ def test_misuse_fails_at_decoration_with_the_op_named():
         runner.lister(lambda x: [])
 
 
+def test_one_function_decorated_as_two_ops_fails_at_decoration():
+    def impl(x):
+        return x
+
+    lists_kernels(BuildConfig(DynamicSpec("x", 0)), name="small")(impl)
+    with pytest.raises(TypeError, match="cannot decorate large: its function is already the op small, and an op's "
+                                        r"\.lister lives on its function; give each op a function of its own"):
+        lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep=[1024])), name="large")(impl)
+
+
 def test_misuse_at_first_call_names_op_argument_and_dim():
     op = lists_kernels(BuildConfig(DynamicSpec("x", 1)))(lambda x: x)
     with build_pass("warmup"), pytest.raises(SpecError, match=r"<lambda>: DynamicSpec\('x', dim=1\): argument 'x' "
