@@ -260,8 +260,17 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="buildops-load") as loader:
             with phase(f"{name}: load"):
                 loading = loader.submit(load)
-                with phase(f"{name}: rehearsal"), rehearsal(name):
-                    rehearse()
+                try:
+                    with phase(f"{name}: rehearsal"), rehearsal(name):
+                        rehearse()
+                except BaseException:
+                    # The load writes into the model: it ends before the caller sees the rehearsal's error, and
+                    # an error of its own is logged, not lost behind the one raised.
+                    failed = loading.exception()
+                    if failed is not None:
+                        logger.error("buildops: %s: the load failed too, beside the failed rehearsal", name,
+                                     exc_info=failed)
+                    raise
                 loaded = loading.result()
     with phase(f"{name}: wait for GPU builds"):
         from ._capture import prepare_graph_capture  # here: this module imports no torch (start_build_workers)

@@ -86,6 +86,24 @@ def test_rehearse_then_load_can_start_the_load_with_the_rehearsal(runs):
     assert current_builder().state(("op", 8)) is BuildState.BUILT
 
 
+def test_a_failed_rehearsal_beside_a_failed_load_raises_its_error_and_logs_the_loads(caplog):
+    load_ended = threading.Event()
+
+    def rehearse():
+        raise ValueError("the dummy forward has a bug")
+
+    def load():
+        time.sleep(0.2)
+        load_ended.set()
+        raise OSError("checkpoint shard 3 is missing")
+
+    with caplog.at_level("ERROR", logger="buildops"), pytest.raises(ValueError, match="dummy forward has a bug"):
+        rehearse_then_load(rehearse, load, overlap=True)
+    assert load_ended.is_set()  # the load had ended: nothing writes into the model once the error is raised
+    [record] = [r for r in caplog.records if "the load failed too" in r.getMessage()]
+    assert "checkpoint shard 3 is missing" in str(record.exc_info[1])
+
+
 def test_rehearse_then_load_collects_the_rehearsals_garbage_before_it_returns():
     import gc
     import weakref
