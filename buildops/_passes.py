@@ -95,6 +95,8 @@ class BuildPass:
             raise RuntimeError(f"build pass {self.name!r} is already active; make a new one to nest")
         if not settings.enabled:  # BUILDOPS=0: a plain block
             return self
+        # Entered again (a retry after a body that raised): a new pass, listing from nothing.
+        self.futures, self._seen, self._builder = [], set(), None
         self.parent = _current.get()
         self._token = _current.set(self)
         self._active = True

@@ -165,6 +165,25 @@ def test_a_cancelled_key_can_be_queued_again(runs):
     assert runs.count(("op", 3)) == 1
 
 
+def test_a_pass_entered_again_after_its_body_raised_lists_again(runs):
+    gate = threading.Event()
+    blocker = op_listing(runs, name="blocker", gate=gate)
+    op = op_listing(runs)
+    warmup = build_pass("warmup")
+    with settings.scope(threads=1):
+        with rehearsal("first"):
+            blocker(torch.empty(4, 1))
+        assert runs.started.wait(WAIT)  # the only worker is busy: op's build stays queued, then is cancelled
+        with pytest.raises(RuntimeError), warmup:
+            op(torch.empty(4, 3))
+            raise RuntimeError("out of memory in the dummy forward")
+        assert current_builder().state(("op", 3)) is None
+        gate.set()
+        with warmup:  # the retry, with the same pass object
+            op(torch.empty(4, 3))
+    assert current_builder().state(("op", 3)) is BuildState.BUILT and runs.count(("op", 3)) == 1
+
+
 def test_join_shows_a_bar_on_a_terminal_when_it_waits_long(runs, capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     op = op_listing(runs, seconds=0.5)
