@@ -190,3 +190,15 @@ def test_variants_leave_other_threads_their_real_lookup():  # needs no FlashInfe
     thread.join(WAIT)
     [builds] = seen
     assert len(builds) == 1 and builds[0].run() == "a/b" and os.path.join.__module__ == "posixpath"
+
+
+def test_variants_with_a_bad_lookup_patch_nothing():  # needs no FlashInfer
+    import json
+
+    from buildops.replay import variants
+
+    dumps = json.dumps
+    with pytest.raises(ValueError, match="module json has no 'no_such_lookup'"):
+        with variants("op", "json.dumps", "json.no_such_lookup"):
+            pass
+    assert json.dumps is dumps  # the good lookup before the bad one was not left patched
