@@ -4,7 +4,8 @@ A build that runs real work (``@builds_by_running``, DeepGEMM) allocates dummy o
 the checkpoint loads into the same memory. :class:`MemoryGate` admits an allocation only if free memory, less
 ``BUILDOPS_GPU_RESERVE_MB``, covers it; otherwise it waits for running builds to free theirs (fewer builds run at
 once), and when none is running and it still does not fit, the build fails with :class:`NotEnoughGpuMemory`
-(it is left to compile on first use, and the report lists it).
+(it is left to compile on first use, and the report lists it). The gate is this process's: builds in worker
+processes (DeepGEMM's) each see only their own (``docs/design.md``).
 """
 
 from __future__ import annotations
