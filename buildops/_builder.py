@@ -449,9 +449,10 @@ class Builder:
         if serial is not None:
             workers.append(serial)
         if wait:
+            deadline = None if timeout is None else time.monotonic() + timeout  # for all of them, not each
             for thread in workers:
                 if thread is not threading.current_thread():
-                    thread.join(timeout)
+                    thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
 class _LoggedProgress:

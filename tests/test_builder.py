@@ -124,6 +124,21 @@ def test_shutdown_stops_the_workers(runs):
     assert threading.active_count() == before and current_builder() is None
 
 
+def test_shutdown_with_a_timeout_waits_that_long_in_all_for_stuck_builds(runs):
+    gate = threading.Event()
+    builder = Builder(threads=4)
+    for n in range(4):
+        builder.submit(runs.build("op", n, gate=gate))  # four workers, each stuck in a build
+    ends = []  # when each join may last until
+    for worker in builder._workers:
+        join = worker.join
+        worker.join = lambda timeout=None, join=join: (ends.append(time.monotonic() + timeout), join(timeout))
+    deadline = time.monotonic() + 0.3
+    builder.shutdown(wait=True, timeout=0.3)
+    assert len(ends) == 4 and max(ends) <= deadline + 0.05  # one deadline for all, not 0.3 s per worker
+    gate.set()
+
+
 def test_shutdown_cancels_queued_builds(runs):
     gate = threading.Event()
     builder = Builder(threads=1)
