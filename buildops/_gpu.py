@@ -4,24 +4,40 @@ A build that runs real work (``@builds_by_running``, DeepGEMM) allocates dummy o
 the checkpoint loads into the same memory. :class:`MemoryGate` admits an allocation only if free memory, less
 ``BUILDOPS_GPU_RESERVE_MB``, covers it; otherwise it waits for running builds to free theirs (fewer builds run at
 once), and when none is running and it still does not fit, the build fails with :class:`NotEnoughGpuMemory`
-(it is left to compile on first use, and the report lists it). The gate is this process's: builds in worker
-processes (DeepGEMM's) each see only their own (``docs/design.md``).
+(it is left to compile on first use, and the report lists it).
+
+Builds in other processes of the node count too (DeepGEMM's worker processes, another rank on the same GPU):
+where ``BUILDOPS_NODE_LOCKS`` is on, each check and allocation holds a file lock per GPU, so two processes never
+both admit what fits once, and every admitted build holds a shared lock on a second file, which tells a build
+that does not fit whether anyone else, in any process, may still free memory (the operating system drops a dead
+process's locks).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from filelock import FileLock
 
 from ._config import settings
+from ._node import node_claims
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: the gate counts this process's builds only
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["MemoryGate", "NotEnoughGpuMemory", "gate", "worker_stream"]
 
 T = TypeVar("T")
 _MIB = 1 << 20
+logger = logging.getLogger("buildops")
 
 _streams = threading.local()
 
@@ -47,13 +63,54 @@ def free_bytes(device: torch.device) -> int:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
+def device_uuid(device: torch.device) -> str:
+    """The GPU's own name, the same in every process whatever ``CUDA_VISIBLE_DEVICES`` numbers it."""
+    properties = torch.cuda.get_device_properties(device)
+    uuid = getattr(properties, "uuid", None)
+    if uuid is not None:
+        return str(uuid)
+    return f"pci-{properties.pci_domain_id}-{properties.pci_bus_id}-{properties.pci_device_id}"
+
+
+class _NodeHolders:
+    """The processes of this node that hold dummy operands on one GPU, seen through two lock files."""
+
+    def __init__(self, directory: Path, device_id: str) -> None:
+        # Held around each check of free memory and the allocation it admits, by every process.
+        self.admitting = FileLock(directory / f"gpu-{device_id}.admit.lock", thread_local=False)
+        # Each admitted build keeps a shared lock on this file until it releases its operands.
+        self._holders = directory / f"gpu-{device_id}.holders.lock"
+
+    def hold(self) -> int:
+        fd = os.open(self._holders, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return fd
+
+    def anyone(self) -> bool:
+        """Whether any build, in any process (this one included), holds operands on the GPU now."""
+        fd = os.open(self._holders, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # granted only where no one holds a shared lock
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # which drops the probe's own lock
+        return False
+
+
 class MemoryGate:
     """Admits dummy-operand allocations that fit; see the module docstring."""
 
-    def __init__(self, free: Callable[[torch.device], int] = free_bytes) -> None:
-        self._free = free
+    # How often a build that waits for another process's operands looks again (other processes notify no one).
+    POLL_SECONDS = 0.25
+
+    def __init__(self, free: Callable[[torch.device], int] = free_bytes,
+                 device_id: Callable[[torch.device], str] = device_uuid) -> None:
+        self._free, self._device_id = free, device_id
         self._cond = threading.Condition()
         self._holding = 0
+        self._nodes: dict[str, _NodeHolders | None] = {}
+        self._held: dict[str, list[int]] = {}  # each admitted build's shared lock, per GPU
         self.waits = 0  # how often a build waited for others to free memory (the report's "ran fewer at once")
 
     def allocate(self, device: torch.device, nbytes: int, make: Callable[[], T], what: str,
@@ -66,23 +123,69 @@ class MemoryGate:
             return make()
         reserve = (settings.gpu_reserve_mb if reserve_mb is None else reserve_mb) * _MIB
         with self._cond:
+            gpu = self._device_id(device)
             while True:
-                free = self._free(device)
-                if nbytes + reserve <= free:
-                    operands = make()  # under the lock: the next check sees this allocation
-                    self._holding += 1
-                    return operands
-                if self._holding == 0:
+                node = self._node(gpu)
+                if node is not None:
+                    try:
+                        node.admitting.acquire()
+                    except OSError as error:  # the lock directory went away or became unusable
+                        self._lose_node(gpu, error)
+                        continue
+                try:
+                    free = self._free(device)
+                    if nbytes + reserve <= free:
+                        operands = make()  # under the locks: the next check, in any process, sees it
+                        self._holding += 1
+                        self._hold(gpu, node)
+                        return operands
+                    others = self._others(gpu, node)
+                finally:
+                    if node is not None:
+                        node.admitting.release()
+                if not others:
                     raise NotEnoughGpuMemory(
                         f"{what}: dummy operands need {nbytes / _MIB:.0f} MiB, {free / _MIB:.0f} MiB is free and "
                         f"BUILDOPS_GPU_RESERVE_MB keeps {reserve / _MIB:.0f} MiB; it will compile on first use")
                 self.waits += 1
-                self._cond.wait(timeout=1.0)
+                self._cond.wait(timeout=self.POLL_SECONDS if node is not None else 1.0)
 
-    def release(self) -> None:
+    def release(self, device: torch.device) -> None:
+        """Give back what :meth:`allocate` admitted on ``device`` (its operands already dropped)."""
         with self._cond:
             self._holding -= 1
+            if device.type == "cuda":
+                held = self._held.get(self._device_id(device))
+                if held:
+                    os.close(held.pop())  # any of this GPU's shared locks: they are all alike
             self._cond.notify_all()
+
+    def _node(self, gpu: str) -> _NodeHolders | None:
+        if gpu not in self._nodes:
+            claims = node_claims() if fcntl is not None else None  # None where BUILDOPS_NODE_LOCKS is off
+            self._nodes[gpu] = _NodeHolders(claims.directory, gpu) if claims is not None else None
+        return self._nodes[gpu]
+
+    def _hold(self, gpu: str, node: _NodeHolders | None) -> None:
+        if node is not None:
+            try:
+                self._held.setdefault(gpu, []).append(node.hold())
+            except OSError as error:
+                self._lose_node(gpu, error)
+
+    def _others(self, gpu: str, node: _NodeHolders | None) -> bool:
+        """Whether a build that holds operands on the GPU, here or in another process, may still free them."""
+        if node is not None:
+            try:
+                return node.anyone()
+            except OSError as error:
+                self._lose_node(gpu, error)
+        return self._holding > 0
+
+    def _lose_node(self, gpu: str, error: OSError) -> None:
+        logger.warning("buildops: the GPU memory gate cannot use its lock files in BUILDOPS_NODE_LOCKS (%s); it "
+                       "counts this process's builds only from now on", error)
+        self._nodes[gpu] = None
 
 
 gate = MemoryGate()
@@ -103,4 +206,4 @@ def run_admitted(device: torch.device, nbytes: int, make: Callable[[], Any], run
         stream.synchronize()
     finally:
         del operands
-        gate.release()
+        gate.release(device)

@@ -98,7 +98,7 @@ def test_a_family_queues_builds_when_the_model_is_created(calls):
 
 def test_the_memory_gate_admits_what_fits_and_runs_fewer_at_once():
     free = {"bytes": 3 << 20}
-    gate = MemoryGate(free=lambda device: free["bytes"])
+    gate = MemoryGate(free=lambda device: free["bytes"], device_id=lambda device: "gpu-under-test")
     cuda = torch.device("cuda", 0)
     with settings.scope(gpu_reserve_mb=1):
         first = gate.allocate(cuda, 1 << 20, lambda: "operands", "first")
@@ -111,12 +111,63 @@ def test_the_memory_gate_admits_what_fits_and_runs_fewer_at_once():
         waiter.start()
         assert not done.wait(0.3) and gate.waits >= 1  # waits while the first holds its operands
         free["bytes"] = 3 << 20
-        gate.release()
+        gate.release(cuda)
         assert done.wait(WAIT)
-        gate.release()
+        gate.release(cuda)
         with pytest.raises(NotEnoughGpuMemory, match=r"second: dummy operands need 4 MiB, 3 MiB is free and "
                                                      r"BUILDOPS_GPU_RESERVE_MB keeps 1 MiB"):
             gate.allocate(cuda, 4 << 20, lambda: None, "second")  # nothing else holds memory: it never fits
         # a reserve given by the build (a DeepGEMM build carries the one its process had) wins over the setting
         with pytest.raises(NotEnoughGpuMemory, match="BUILDOPS_GPU_RESERVE_MB keeps 3 MiB"):
             gate.allocate(cuda, 1 << 20, lambda: None, "third", reserve_mb=3)
+
+
+HOLDER = """
+import sys
+from pathlib import Path
+from buildops._gpu import _NodeHolders
+_NodeHolders(Path(sys.argv[1]), "gpu-under-test").hold()  # as a build in another process holds its operands
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_memory_gate_waits_for_other_processes_and_not_for_dead_ones(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import threading
+
+    from filelock import FileLock, Timeout
+
+    locks = tmp_path / "locks"
+    monkeypatch.setenv("BUILDOPS_NODE_LOCKS", str(locks))
+    locks.mkdir()
+    cuda = torch.device("cuda", 0)
+    admit = FileLock(locks / "gpu-gpu-under-test.admit.lock", thread_local=False)
+
+    def make():  # another process could not check free memory now: the allocation is under the node's lock
+        with pytest.raises(Timeout):
+            admit.acquire(timeout=0)
+        return "operands"
+
+    gate = MemoryGate(free=lambda device: 2 << 20, device_id=lambda device: "gpu-under-test")
+    gate.POLL_SECONDS = 0.05
+    assert gate.allocate(cuda, 1 << 20, make, "first", reserve_mb=0) == "operands"
+    gate.release(cuda)
+    other = subprocess.Popen([sys.executable, "-c", HOLDER, str(locks)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "holding\n"
+        outcome = []
+        waiter = threading.Thread(target=lambda: outcome.append(pytest.raises(
+            NotEnoughGpuMemory, gate.allocate, cuda, 4 << 20, lambda: None, "second", reserve_mb=0)))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and gate.waits >= 1  # it does not fit, but the other process may free memory
+        other.kill()  # and dies holding: the operating system drops its lock
+        other.wait()
+        waiter.join(WAIT)
+        assert not waiter.is_alive() and "second: dummy operands need 4 MiB" in str(outcome[0].value)
+    finally:
+        other.kill()
+        other.wait()
