@@ -240,16 +240,12 @@ def _fit(tensor: torch.Tensor, dims: Mapping[int, int]) -> torch.Tensor:
 
 
 def _fitted(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]]) -> inspect.BoundArguments:
-    """The call's arguments for one swept shape: swept tensors cut or tiled, swept ints replaced, and every other
-    tensor argument copied too (a run may write into any of them, a cache or an output buffer, while the caller
-    goes on with its own)."""
+    """The call's arguments for one swept shape: swept tensors (and those ``dims=`` ties to them) cut or tiled into
+    copies, swept ints replaced. Other tensors are passed as they are: they are mostly weights and KV caches, and
+    a copy of each per run could take more memory than the GPU has."""
     call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
-    for name, value in call.arguments.items():
-        fitted = shapes.get(name)
-        if fitted is not None:
-            call.arguments[name] = fitted[-1] if -1 in fitted else _fit(value, fitted)
-        elif isinstance(value, torch.Tensor):
-            call.arguments[name] = value.clone()
+    for name, fitted in shapes.items():
+        call.arguments[name] = fitted[-1] if -1 in fitted else _fit(call.arguments[name], fitted)
     return call
 
 
@@ -341,7 +337,9 @@ def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int
     """Decorate an op whose kernels compile inside its own run (DeepGEMM, JIT-on-first-call code).
 
     In a pass each new call signature queues one real run per swept shape, on the call's arguments cut or tiled
-    to that shape, on a worker thread (on the worker's own CUDA stream when the arguments are on a GPU).
+    to that shape, on a worker thread (on the worker's own CUDA stream when the arguments are on a GPU). The cut
+    or tiled tensors are copies; other tensor arguments (weights, caches) reach the run as they are, so a tensor
+    the op writes into belongs in ``dims`` unless the run may write into the caller's.
 
     Args:
         config: the op's swept dims.

@@ -134,22 +134,21 @@ def test_builds_by_running_runs_the_op_at_each_swept_shape():
     ran = []
 
     @builds_by_running(BuildConfig(DynamicSpec("x", 0, sweep=[2, 8])), dims={"out": 0}, output="out")
-    def scale_into(x, out, factor, calls):
-        ran.append((x.shape, out.shape, factor, threading.current_thread().name))
+    def scale_into(x, out, factor, weight):
+        ran.append((x.shape, out.shape, factor, threading.current_thread().name, weight.data_ptr()))
         out.copy_(x * factor)
-        calls.add_(1)  # a tensor no dim follows: the run gets a copy of it too
         return out
 
-    x, out, calls = torch.arange(12.0).reshape(4, 3), torch.full((4, 3), -1.0), torch.zeros(1)
+    x, out, weight = torch.arange(12.0).reshape(4, 3), torch.full((4, 3), -1.0), torch.ones(1000)
     with build_pass("warmup"):
-        placeholder = scale_into(x, out, 2.0, calls)
-        scale_into(torch.ones(6, 3), torch.ones(6, 3), 2.0, calls)  # same signature
+        placeholder = scale_into(x, out, 2.0, weight)
+        scale_into(torch.ones(6, 3), torch.ones(6, 3), 2.0, weight)  # same signature
     assert torch.equal(placeholder, torch.zeros(4, 3))
     assert sorted(r[:3] for r in ran) == [((2, 3), (2, 3), 2.0), ((8, 3), (8, 3), 2.0)]
-    assert all(name.startswith("buildops-worker") for *_, name in ran)
-    # the call's own tensors were not written, swept or not
-    assert torch.equal(out, torch.full((4, 3), -1.0)) and torch.equal(calls, torch.zeros(1))
-    assert torch.equal(scale_into(x, out, 2.0, calls), x * 2) and calls.item() == 1
+    assert all(name.startswith("buildops-worker") for *_, name, _ in ran)
+    assert torch.equal(out, torch.full((4, 3), -1.0))  # out follows x (dims=): the runs wrote into copies of it
+    assert {pointer for *_, pointer in ran} == {weight.data_ptr()}  # what no dim follows is passed as it is
+    assert torch.equal(scale_into(x, out, 2.0, weight), x * 2)
 
 
 def test_a_build_that_calls_another_op_does_not_wait_for_builds_queued_behind_it():
