@@ -75,15 +75,14 @@ def variants(op: str, *lookups: str) -> Iterator[list[Build]]:
     list. The first recorded call ends the block's plan (raising :class:`VariantRecorded`, swallowed here): one
     plan call, one variant. Queue the builds with a pass's ops or ``builder.submit``."""
     with _lock:
-        for lookup in lookups:  # every one resolved before any is installed: a bad one leaves nothing patched
-            if lookup not in _installed:
-                _resolve(lookup)
+        # every one resolved before any is installed: a bad one leaves nothing patched
+        resolved = {lookup: _resolve(lookup) for lookup in lookups if lookup not in _installed}
         for lookup in lookups:
             if lookup in _installed:
                 owner, attribute, original, users = _installed[lookup]
                 _installed[lookup] = (owner, attribute, original, users + 1)
             else:
-                owner, attribute = _resolve(lookup)
+                owner, attribute = resolved[lookup]
                 original = getattr(owner, attribute)
                 setattr(owner, attribute, _recorder(lookup, original))
                 _installed[lookup] = (owner, attribute, original, 1)
