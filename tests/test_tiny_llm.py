@@ -117,6 +117,10 @@ def test_a_damaged_checkpoint_header_is_a_clear_error(tmp_path):
     short.write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
     with pytest.raises(ValueError, match=r"embed \(BF16 \(2, 2\)\) spans 6 bytes in the file, not 8"):
         load_checkpoint(TinyLlm(SMALL, "cpu"), short)
+    cut = make_checkpoint(tmp_path / "cut.safetensors", SMALL)
+    cut.write_bytes(cut.read_bytes()[:-3])  # a copy that stopped early: a clear error, not weights with a stale tail
+    with pytest.raises(ValueError, match="cut.safetensors: the file ends early"):
+        load_checkpoint(TinyLlm(SMALL, "cpu"), cut)
 
 
 @pytest.mark.gpu
