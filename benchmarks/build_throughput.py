@@ -27,6 +27,7 @@ import tempfile
 import time
 
 import torch
+from cpu_ceiling import cpu_ceiling  # this script's folder is on sys.path
 
 # The demo's matmul (examples/demo_ops.py), compiled here per explicit tile shape rather than through its autotuner;
 # spawned workers get this sys.path too, so they import it by the same name.
@@ -79,24 +80,6 @@ def _timing_module_loads():
         yield loads
     finally:
         CompiledKernel._init_handles = original
-
-
-def spin(seconds_of_work: int) -> float:
-    """Pure CPU work (no I/O, no shared memory); returns its own wall seconds."""
-    start, total = time.perf_counter(), 0
-    for i in range(seconds_of_work * 10_000_000):
-        total += i
-    return time.perf_counter() - start
-
-
-def cpu_ceiling(workers: int) -> float:
-    """How many times one process's work ``workers`` busy processes do at once: the ceiling of any pool here
-    (below ``workers`` where cores are hyperthreads or clocks drop under load)."""
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(time.sleep, [0.2] * workers))  # started
-        alone = min(pool.submit(spin, 1).result() for _ in range(2))
-        together = max(pool.map(spin, [1] * workers))
-    return workers * alone / together
 
 
 def timed(fn) -> float:
