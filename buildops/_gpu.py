@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import traceback
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,8 +85,21 @@ class _NodeHolders:
 
     def hold(self) -> int:
         fd = os.open(self._holders, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
+
+    @staticmethod
+    def let_go(fd: int) -> None:
+        """Drop a shared lock from :meth:`hold`. Unlocked before it is closed: a child forked since holds a copy
+        of the descriptor, and closing ours alone would leave the lock held for as long as the child lives."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def anyone(self) -> bool:
         """Whether any build, in any process (this one included), holds operands on the GPU now."""
@@ -92,9 +107,9 @@ class _NodeHolders:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # granted only where no one holds a shared lock
         except BlockingIOError:
+            os.close(fd)
             return True
-        finally:
-            os.close(fd)  # which drops the probe's own lock
+        self.let_go(fd)
         return False
 
 
@@ -107,21 +122,24 @@ class MemoryGate:
     def __init__(self, free: Callable[[torch.device], int] = free_bytes,
                  device_id: Callable[[torch.device], str] = device_uuid) -> None:
         self._free, self._device_id = free, device_id
+        self._fresh_state()
+        _gates.add(self)
+        self.waits = 0  # how many builds waited for others to free memory (tests and debugging)
+
+    def _fresh_state(self) -> None:
         self._cond = threading.Condition()
-        self._holding = 0
-        self._nodes: dict[str, _NodeHolders | None] = {}
+        self._holding: dict[str, int] = {}  # this process's admitted builds, per GPU
+        self._nodes: dict[tuple[str, str], _NodeHolders | None] = {}  # per (BUILDOPS_NODE_LOCKS, GPU)
         self._held: dict[str, list[int]] = {}  # each admitted build's shared lock, per GPU
-        self.waits = 0  # how often a build waited for others to free memory (the report's "ran fewer at once")
 
     def allocate(self, device: torch.device, nbytes: int, make: Callable[[], T], what: str,
                  reserve_mb: int | None = None) -> T:
         """``make()`` the operands once ``nbytes`` fit, leaving ``reserve_mb`` (default: the setting) free; the
         caller must :meth:`release` when done with them."""
         if device.type != "cuda":
-            with self._cond:
-                self._holding += 1
             return make()
         reserve = (settings.gpu_reserve_mb if reserve_mb is None else reserve_mb) * _MIB
+        waited = False
         with self._cond:
             gpu = self._device_id(device)
             while True:
@@ -136,7 +154,7 @@ class MemoryGate:
                     free = self._free(device)
                     if nbytes + reserve <= free:
                         operands = make()  # under the locks: the next check, in any process, sees it
-                        self._holding += 1
+                        self._holding[gpu] = self._holding.get(gpu, 0) + 1
                         self._hold(gpu, node)
                         return operands
                     others = self._others(gpu, node)
@@ -147,24 +165,37 @@ class MemoryGate:
                     raise NotEnoughGpuMemory(
                         f"{what}: dummy operands need {nbytes / _MIB:.0f} MiB, {free / _MIB:.0f} MiB is free and "
                         f"BUILDOPS_GPU_RESERVE_MB keeps {reserve / _MIB:.0f} MiB; it will compile on first use")
-                self.waits += 1
+                if not waited:
+                    waited = True
+                    self.waits += 1
                 self._cond.wait(timeout=self.POLL_SECONDS if node is not None else 1.0)
 
     def release(self, device: torch.device) -> None:
         """Give back what :meth:`allocate` admitted on ``device`` (its operands already dropped)."""
+        if device.type != "cuda":
+            return
         with self._cond:
-            self._holding -= 1
-            if device.type == "cuda":
-                held = self._held.get(self._device_id(device))
-                if held:
-                    os.close(held.pop())  # any of this GPU's shared locks: they are all alike
+            gpu = self._device_id(device)
+            self._holding[gpu] -= 1
+            held = self._held.get(gpu)
+            if held:
+                _NodeHolders.let_go(held.pop())  # any of this GPU's shared locks: they are all alike
             self._cond.notify_all()
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: none of the parent's builds run here, and a lock a parent thread held at the fork
+        would never be released. The parent's shared locks are closed here, not unlocked: they are the parent's."""
+        for fds in self._held.values():
+            for fd in fds:
+                os.close(fd)
+        self._fresh_state()
+
     def _node(self, gpu: str) -> _NodeHolders | None:
-        if gpu not in self._nodes:
+        where = settings.node_locks  # read each time: a scope or a test may change it
+        if (where, gpu) not in self._nodes:
             claims = node_claims() if fcntl is not None else None  # None where BUILDOPS_NODE_LOCKS is off
-            self._nodes[gpu] = _NodeHolders(claims.directory, gpu) if claims is not None else None
-        return self._nodes[gpu]
+            self._nodes[where, gpu] = _NodeHolders(claims.directory, gpu) if claims is not None else None
+        return self._nodes[where, gpu]
 
     def _hold(self, gpu: str, node: _NodeHolders | None) -> None:
         if node is not None:
@@ -180,14 +211,21 @@ class MemoryGate:
                 return node.anyone()
             except OSError as error:
                 self._lose_node(gpu, error)
-        return self._holding > 0
+        return self._holding.get(gpu, 0) > 0
 
     def _lose_node(self, gpu: str, error: OSError) -> None:
         logger.warning("buildops: the GPU memory gate cannot use its lock files in BUILDOPS_NODE_LOCKS (%s); it "
                        "counts this process's builds only from now on", error)
-        self._nodes[gpu] = None
+        self._nodes[settings.node_locks, gpu] = None
 
 
+def _forget_after_fork() -> None:
+    for forked in list(_gates):
+        forked.forget_after_fork()
+
+
+_gates: weakref.WeakSet[MemoryGate] = weakref.WeakSet()
+os.register_at_fork(after_in_child=_forget_after_fork)
 gate = MemoryGate()
 
 
@@ -204,6 +242,11 @@ def run_admitted(device: torch.device, nbytes: int, make: Callable[[], Any], run
         with torch.cuda.device(device), torch.cuda.stream(stream):
             run(operands)
         stream.synchronize()
+    except BaseException as error:
+        # The traceback keeps the frames that ran, and the report keeps the error: without this, their references
+        # would keep a failed build's operands, GiB perhaps, on the GPU for as long as the process lives.
+        traceback.clear_frames(error.__traceback__)
+        raise
     finally:
         del operands
         gate.release(device)

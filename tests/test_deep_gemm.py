@@ -122,6 +122,87 @@ def test_the_memory_gate_admits_what_fits_and_runs_fewer_at_once():
             gate.allocate(cuda, 1 << 20, lambda: None, "third", reserve_mb=3)
 
 
+def test_the_memory_gate_counts_each_gpu_apart_without_node_locks():
+    """Only builds on the same GPU can free its memory: one that never fits fails at once, whatever runs on
+    another GPU."""
+    gate = MemoryGate(free=lambda device: 2 << 20, device_id=lambda device: f"gpu-{device.index}")
+    import concurrent.futures
+
+    with settings.scope(node_locks="off"):
+        assert gate.allocate(torch.device("cuda", 0), 1 << 20, lambda: "operands", "first", reserve_mb=0)
+        with concurrent.futures.ThreadPoolExecutor(1) as thread:  # a thread: a gate that waits fails the test
+            second = thread.submit(gate.allocate, torch.device("cuda", 1), 4 << 20, lambda: None, "second",
+                                   reserve_mb=0)
+            try:
+                with pytest.raises(NotEnoughGpuMemory, match="second"):
+                    second.result(timeout=WAIT / 2)
+                assert gate.waits == 0
+            finally:
+                gate.release(torch.device("cuda", 0))  # lets a gate that waited go on, so the thread ends
+
+
+def test_a_failed_build_run_drops_its_operands():
+    """The error stays in the report, and its traceback keeps the frames that ran: they must not keep the dummy
+    operands (GiB on a GPU) alive."""
+    import weakref
+
+    from buildops._gpu import run_admitted
+
+    class Operands:
+        pass
+
+    made = []
+
+    def make():
+        operands = Operands()
+        made.append(weakref.ref(operands))
+        return operands
+
+    def run(operands):
+        raise ValueError("the kernel failed")
+
+    with pytest.raises(ValueError, match="the kernel failed") as failure:
+        run_admitted(torch.device("cpu"), 0, make, run, "failing")
+    assert failure.value.__traceback__ is not None and made[0]() is None
+
+
+def test_the_memory_gate_follows_the_node_locks_setting(tmp_path, monkeypatch):
+    gate = MemoryGate(free=lambda device: 2 << 20, device_id=lambda device: "gpu-under-test")
+    cuda = torch.device("cuda", 0)
+    for name in ("first", "second"):
+        monkeypatch.setenv("BUILDOPS_NODE_LOCKS", str(tmp_path / name))
+        gate.allocate(cuda, 1 << 20, lambda: None, name, reserve_mb=0)
+        gate.release(cuda)
+        assert (tmp_path / name / "gpu-gpu-under-test.admit.lock").exists()
+
+
+def test_a_forked_child_neither_keeps_the_parents_gpu_locks_nor_inherits_its_builds(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("BUILDOPS_NODE_LOCKS", str(tmp_path / "locks"))
+    gate = MemoryGate(free=lambda device: 2 << 20, device_id=lambda device: "gpu-under-test")
+    gate.POLL_SECONDS = 0.05
+    cuda = torch.device("cuda", 0)
+    gate.allocate(cuda, 1 << 20, lambda: None, "parent's", reserve_mb=0)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child (os.fork runs the gate's fork hook): none of the parent's builds is its own
+        os.write(write, b"fresh" if gate._holding == {} and gate._held == {} else b"inherited")
+        time.sleep(WAIT)  # alive, holding whatever it inherited, while the parent goes on
+        os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 64) == b"fresh"
+        gate.release(cuda)  # the parent's build is done: with the child alive, nothing holds operands now
+        began = time.monotonic()
+        with pytest.raises(NotEnoughGpuMemory):  # so one that never fits fails at once, not when the child ends
+            gate.allocate(cuda, 4 << 20, lambda: None, "parent's second", reserve_mb=0)
+        assert time.monotonic() - began < WAIT / 2
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+
+
 HOLDER = """
 import sys
 from pathlib import Path
