@@ -32,6 +32,21 @@ def _parse_bool(name: str, raw: str) -> bool:
     raise ConfigError(f"{name}={raw!r}: expected 1 or 0 (also true/false, yes/no, on/off)")
 
 
+def _parse_node_locks(name: str, raw: str) -> str:
+    """``off``, or the directory ("" for the default one). Relative paths are refused: the node's processes must
+    all name the same directory, whatever each one's working directory."""
+    value = raw.strip()
+    if value.lower() in ("0", "false", "no", "off"):
+        return "off"
+    if value.lower() in ("", "1", "true", "yes", "on"):
+        return ""
+    value = os.path.expanduser(value)
+    if not os.path.isabs(value):
+        raise ConfigError(f"{name}={raw!r}: expected an absolute directory, which every process of the node names "
+                          f"alike, or off")
+    return value
+
+
 def _parse_count(name: str, raw: str) -> int:
     try:
         value = int(raw.strip())
@@ -45,7 +60,7 @@ def _parse_count(name: str, raw: str) -> int:
 def _parse_whole(unit: str) -> Callable[[str, str], int]:
     def parse(name: str, raw: str) -> int:
         value = raw.strip()
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):  # isdigit alone takes "²", which int() refuses
             raise ConfigError(f"{name}={raw!r}: expected a whole number of {unit} >= 0")
         return int(value)
     return parse
@@ -113,7 +128,7 @@ def _parse_choice(*choices: str) -> Callable[[str, str], str]:
 
 def _parse_target(name: str, raw: str) -> tuple[str, int]:
     backend, _, arch = raw.strip().partition(":")
-    if backend not in ("cuda", "hip") or not arch.isdigit():
+    if backend not in ("cuda", "hip") or not (arch.isascii() and arch.isdigit()):
         raise ConfigError(f"{name}={raw!r}: expected BACKEND:ARCH, e.g. cuda:90 (Hopper) or cuda:80 (Ampere)")
     return backend, int(arch)
 
@@ -149,8 +164,9 @@ _SETTINGS = {
         "Which M values DeepGEMM builds run: relaxed (representative), full (every M up to the max), off.",
     ),
     "node_locks": _Setting(
-        "BUILDOPS_NODE_LOCKS", lambda name, raw: raw.strip(), lambda: "",
-        "Directory of the lock files by which the processes of a node share builds, or 'off'.",
+        "BUILDOPS_NODE_LOCKS", _parse_node_locks, lambda: "",
+        "Absolute directory of the lock files by which the processes of a node share builds, or off (also 0, "
+        "false, no).",
     ),
     "late_compile": _Setting(
         "BUILDOPS_LATE_COMPILE", _parse_choice("warn", "error", "ignore"), lambda: "warn",
@@ -205,15 +221,16 @@ class _Settings:
         overrides are process-wide, seen by every thread (buildops' own included), and the block restores only the
         settings it named: scopes on other settings, in other threads, are left as they are.
         """
+        parsed = {}
         for name, value in overrides.items():
             setting = _SETTINGS.get(name)
             if setting is None:
                 raise ConfigError(f"settings.scope({name}=...): unknown setting; known: {', '.join(sorted(_SETTINGS))}")
-            setting.parse(setting.env, _as_env(value))
+            parsed[name] = setting.parse(setting.env, _as_env(value))  # what the environment would give: "0" is False
         missing = object()
         with self._lock:
             saved = {name: self._overrides.get(name, missing) for name in overrides}
-            self._overrides.update(overrides)
+            self._overrides.update(parsed)
         try:
             yield
         finally:

@@ -8,7 +8,8 @@
         assert [d["x.0"] for d in rec.dims("rmsnorm")] == [1, 2, 4, 8, 16, 32, 64, 100]
 
 In a pytest suite, ``from buildops.testing import fresh_buildops`` in ``conftest.py`` gives every test that asks
-for the fixture a process with no builder, no pending builds and default settings.
+for the fixture a process with no builder and no pending builds (settings are the test's own: its environment and
+``settings.scope``).
 """
 
 from __future__ import annotations

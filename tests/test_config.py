@@ -20,6 +20,9 @@ from conftest import WAIT
     ("BUILDOPS_SWITCH_INTERVAL_US", "0.2ms", "switch_interval_us",
      "BUILDOPS_SWITCH_INTERVAL_US='0.2ms': expected a whole number of microseconds"),
     ("BUILDOPS_DEEP_GEMM_M", "all", "deep_gemm_m", "BUILDOPS_DEEP_GEMM_M='all': expected one of relaxed, full, off"),
+    ("BUILDOPS_GPU_RESERVE_MB", "\u00b2", "gpu_reserve_mb", "BUILDOPS_GPU_RESERVE_MB='\u00b2': expected a whole"),
+    ("BUILDOPS_TRITON_TARGET", "cuda:\u00b2", "triton_target", "BUILDOPS_TRITON_TARGET='cuda:\u00b2': expected"),
+    ("BUILDOPS_NODE_LOCKS", "locks", "node_locks", "BUILDOPS_NODE_LOCKS='locks': expected an absolute directory"),
 ])
 def test_bad_settings_name_the_variable(monkeypatch, variable, value, attribute, message):
     monkeypatch.setenv(variable, value)
@@ -43,6 +46,18 @@ def test_settings_read_the_environment_when_asked(monkeypatch):
     assert settings.enabled is False
     monkeypatch.delenv("BUILDOPS")
     assert settings.enabled is True
+
+
+@pytest.mark.parametrize("value", ["off", "OFF", "0", "false", "No"])
+def test_node_locks_go_off_as_every_switch_does(monkeypatch, value):
+    monkeypatch.setenv("BUILDOPS_NODE_LOCKS", value)
+    assert settings.node_locks == "off"  # not a directory of that name in the working directory
+
+
+def test_scope_values_read_as_the_environment_would(monkeypatch):
+    with settings.scope(enabled="0", late_compile="ERROR", triton_target=("cuda", 80), node_locks="Off"):
+        assert settings.enabled is False and settings.late_compile == "error"
+        assert settings.triton_target == ("cuda", 80) and settings.node_locks == "off"
 
 
 def test_scope_overrides_and_restores(monkeypatch):
