@@ -46,6 +46,11 @@ def _is_method(fn: Callable) -> bool:
     return bool(params) and params[0] in ("self", "cls")
 
 
+def _op_name(fn: Callable, name: str | None) -> str:
+    # "make.<locals>.rmsnorm" reads as "rmsnorm"; "Attention.forward" stays as it is
+    return name or getattr(fn, "__qualname__", repr(fn)).rpartition("<locals>.")[2]
+
+
 class _Op:
     """What a decorated op knows: its function, swept dims, placeholder output, and how it makes builds."""
 
@@ -53,8 +58,7 @@ class _Op:
         if not callable(fn):
             raise TypeError(f"@{decorator} decorates functions and methods, got {fn!r}")
         self.fn = fn
-        # "make.<locals>.rmsnorm" reads as "rmsnorm"; "Attention.forward" stays as it is
-        self.name = name or getattr(fn, "__qualname__", repr(fn)).rpartition("<locals>.")[2]
+        self.name = _op_name(fn, name)
         if not isinstance(config, BuildConfig):
             raise TypeError(f"@{decorator} on {self.name}: expected a BuildConfig as first argument, got {config!r}; "
                             f"e.g. @{decorator}(BuildConfig(DynamicSpec('x', dim=0)))")
@@ -347,23 +351,38 @@ def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int
             config's only swept spec) or ``{"out": (0, "x.0")}`` (follows the spec named ``"x.0"``).
         output, name: as for :func:`lists_kernels`.
     """
-    if not isinstance(config, BuildConfig):
-        raise TypeError(f"@builds_by_running: expected a BuildConfig, got {config!r}")
-    if dims:
-        free = [s.key for s in config.specs if s.follows is None]
-        extra = []
-        for arg, where in dims.items():
-            dim, follows = (where, None) if isinstance(where, int) else where
-            if follows is None:
-                if len(free) != 1:
-                    raise SpecError(f"@builds_by_running dims={{{arg!r}: {dim}}}: the config sweeps {free}; "
-                                    f"say which one it follows: {{{arg!r}: ({dim}, {free[0]!r})}}")
-                follows = free[0]
-            extra.append(DynamicSpec(arg, dim, follows=follows))
-        config = config.with_specs(*extra)
-
     def decorate(fn: Callable) -> Callable:
         if not settings.enabled:
             return _transparent(fn)
-        return _wrap(fn, _RunningOp(fn, config, output, name, "builds_by_running"))
+        with_dims = _with_dims(_op_name(fn, name), config, dims)
+        return _wrap(fn, _RunningOp(fn, with_dims, output, name, "builds_by_running"))
     return decorate
+
+
+def _with_dims(op: str, config: BuildConfig, dims: Mapping[str, int | tuple[int, str]] | None) -> BuildConfig:
+    """``config`` with a spec per ``dims`` entry, each following a swept spec; errors name the op and the entry."""
+    if not dims or not isinstance(config, BuildConfig):  # no BuildConfig: _Op's own error says what to pass
+        return config
+    free = [s.key for s in config.specs if s.follows is None]
+    example = f"e.g. dims={{'out': 0}} or dims={{'out': (0, {free[0]!r})}}"
+    if not isinstance(dims, Mapping):
+        raise TypeError(f"@builds_by_running on {op}: dims= maps argument names to a dim or (dim, spec name), "
+                        f"{example}; got {dims!r}")
+    extra = []
+    for arg, where in dims.items():
+        if isinstance(where, int) and not isinstance(where, bool):
+            dim, follows = where, None
+        elif (isinstance(where, tuple) and len(where) == 2 and isinstance(where[0], int)
+              and not isinstance(where[0], bool) and isinstance(where[1], str)):
+            dim, follows = where
+        else:
+            raise SpecError(f"@builds_by_running on {op}: dims[{arg!r}] = {where!r}; expected a dim (an int) or "
+                            f"(dim, spec name), {example}")
+        if follows is None and len(free) != 1:
+            raise SpecError(f"@builds_by_running on {op}: dims={{{arg!r}: {dim}}}: the config sweeps {free}; "
+                            f"say which one it follows: {{{arg!r}: ({dim}, {free[0]!r})}}")
+        if follows is not None and follows not in free:
+            raise SpecError(f"@builds_by_running on {op}: dims[{arg!r}] follows {follows!r}, which the config does "
+                            f"not sweep; it sweeps {free}")
+        extra.append(DynamicSpec(arg, dim, follows=follows or free[0]))
+    return config.with_specs(*extra)

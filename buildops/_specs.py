@@ -20,7 +20,7 @@ import torch
 
 __all__ = ["BuildConfig", "DynamicSpec", "SpecError", "TensorSpec"]
 
-Sweep = Union[str, Sequence[int], range, Callable[[int], Iterable[int]], None]
+Sweep = Union[str, Sequence[int], range, Callable[[int], Iterable[int]]]
 Follows = Union[str, Callable[[Mapping[str, int]], int], None]
 
 _NAMED_SWEEPS = ("pow2", "pow2_odd", "exact")
@@ -46,7 +46,9 @@ class DynamicSpec:
             ``"exact"``: ``v`` alone;
             a sequence or ``range`` of ints: those values (buckets), whatever ``v`` is;
             a callable ``f(v)``: the ints it returns.
-        max: no swept value ever exceeds it (values above are dropped; a call above it builds ``max``).
+        max: no swept value ever exceeds it: values above are dropped, and the call's own value, where the sweep
+            builds it (``"pow2"``, ``"pow2_odd"``, ``"exact"``), becomes ``max`` when above it. A sweep whose
+            values all lie above it builds ``max``.
         name: how ties, filters and test recorders refer to the dim (default ``"x.0"``; ``"n"`` when ``dim`` is
             None).
         follows: instead of a sweep of its own, the dim takes its value from others: the name of a spec to equal,
@@ -68,6 +70,9 @@ class DynamicSpec:
             raise SpecError(f"{where}: a position must be >= 0")
         if self.dim is not None and (isinstance(self.dim, bool) or not isinstance(self.dim, int)):
             raise SpecError(f"{where}: dim must be an int (or None for an int argument)")
+        if not (isinstance(self.sweep, (str, Sequence)) or callable(self.sweep)):
+            raise SpecError(f"{where}: sweep must be one of {_NAMED_SWEEPS}, a sequence of ints, a range, or a "
+                            f"callable of the call's value; got {self.sweep!r}")
         if isinstance(self.sweep, str) and self.sweep not in _NAMED_SWEEPS:
             raise SpecError(f"{where}: unknown sweep {self.sweep!r}; use one of {_NAMED_SWEEPS}, "
                             "a sequence of ints, a range, or a callable of the call's value")
@@ -104,8 +109,13 @@ class DynamicSpec:
         bad = [v for v in raw if isinstance(v, bool) or not isinstance(v, int) or v < 0]
         if bad:
             raise SpecError(f"sweep of {self.key!r} gave {bad}; a sweep must give ints >= 0")
-        if self.max is not None:
-            raw = [min(v, self.max) for v in raw] if raw and min(raw) > self.max else [v for v in raw if v <= self.max]
+        if self.max is not None and any(v > self.max for v in raw):
+            kept = [v for v in raw if v <= self.max]
+            # The call's own value, capped: serving never exceeds max, and calls up to it need max's variants
+            # (its power-of-two bucket, its alignment). A sweep with nothing left under max builds max too.
+            if seen in raw or not kept:
+                kept.append(self.max)
+            raw = kept
         return sorted(set(raw))
 
 
@@ -182,6 +192,10 @@ class BuildConfig:
                                 f"spec of this config; swept specs: {sorted(free)}")
         if not free:
             raise SpecError("BuildConfig: every spec follows another; at least one must sweep")
+        if where is not None and not callable(where):
+            raise SpecError(f"BuildConfig: where= must be a callable of the swept dims (a dict of spec names to "
+                            f"values) that returns whether to build them, e.g. lambda d: d['kv.1'] >= d['q.0']; "
+                            f"got {where!r}")
         if isinstance(max_combinations, bool) or not isinstance(max_combinations, int) or max_combinations < 1:
             raise SpecError(f"BuildConfig: max_combinations must be an int >= 1, got {max_combinations!r}")
         self.specs = tuple(specs)

@@ -204,6 +204,8 @@ def test_disabled_adds_no_wrapper_and_passes_are_plain_blocks():
 
         running = builds_by_running(BuildConfig(DynamicSpec("x", 0)))(rmsnorm)
         assert running is rmsnorm
+        # off means the function itself, whatever the decorator's arguments (as for @lists_kernels)
+        assert builds_by_running(BuildConfig(DynamicSpec("x", 0)), dims={"out": "0"})(rmsnorm) is rmsnorm
         with build_pass("warmup"):
             assert torch.equal(decorated(torch.zeros(2)), torch.ones(2))
     assert current_builder() is None
@@ -222,8 +224,24 @@ def test_misuse_fails_at_decoration_with_the_op_named():
         @lists_kernels(DynamicSpec("x", 0))
         def h(x):
             pass
-    with pytest.raises(SpecError, match=r"the config sweeps \['x.0', 'y.0'\]; say which one it follows"):
-        builds_by_running(BuildConfig(DynamicSpec("x", 0), DynamicSpec("y", 0)), dims={"out": 0})
+    with pytest.raises(SpecError, match=r"on two: dims=\{'out': 0\}: the config sweeps \['x.0', 'y.0'\]; say "
+                                        r"which one it follows"):
+        @builds_by_running(BuildConfig(DynamicSpec("x", 0), DynamicSpec("y", 0)), dims={"out": 0})
+        def two(x, y, out):
+            pass
+    with pytest.raises(SpecError, match=r"on cut: dims\['out'\] = '0'; expected a dim \(an int\) or \(dim, spec "
+                                        r"name\), e.g. dims=\{'out': 0\}"):
+        @builds_by_running(BuildConfig(DynamicSpec("x", 0)), dims={"out": "0"})
+        def cut(x, out):
+            pass
+    with pytest.raises(SpecError, match=r"on tied: dims\['out'\] follows 'y.0', which the config does not sweep"):
+        @builds_by_running(BuildConfig(DynamicSpec("x", 0)), dims={"out": (0, "y.0")})
+        def tied(x, out):
+            pass
+    with pytest.raises(TypeError, match=r"@builds_by_running on plain: expected a BuildConfig"):
+        @builds_by_running(DynamicSpec("x", 0))
+        def plain(x):
+            pass
 
     @builds_by_running(BuildConfig(DynamicSpec("x", 0)))
     def runner(x):

@@ -32,9 +32,11 @@ def test_sweeps(sweep, seen, expected):
 
 
 def test_max_caps_every_sweep():
-    assert DynamicSpec("x", 0, max=50).values(100) == [1, 2, 4, 8, 16, 32]
-    assert DynamicSpec("x", 0, sweep=[16, 512, 1024], max=600).values(1) == [16, 512]
-    # a call above max builds max rather than nothing
+    # a call above max builds max in its place: serving's calls up to max need max's bucket (64 here)
+    assert DynamicSpec("x", 0, max=50).values(100) == [1, 2, 4, 8, 16, 32, 50]
+    assert DynamicSpec("x", 0, sweep="pow2_odd", max=50).values(100) == [1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 50]
+    assert DynamicSpec("x", 0, sweep=[16, 512, 1024], max=600).values(1) == [16, 512]  # buckets: only dropped
+    assert DynamicSpec("x", 0, sweep=[700, 1024], max=600).values(1) == [600]  # rather than nothing
     assert DynamicSpec("x", 0, sweep="exact", max=64).values(100) == [64]
 
 
@@ -67,6 +69,9 @@ def test_cap_on_combinations():
     (lambda: DynamicSpec("x", 0, sweep="linear"), "unknown sweep 'linear'"),
     (lambda: DynamicSpec("x", 0, sweep=[1, -2]), r"sweep buckets must be .* got \[-2\]"),
     (lambda: DynamicSpec("x", 0, max=0), "max must be an int >= 1"),
+    (lambda: DynamicSpec("x", 0, sweep=5), "sweep must be one of .* got 5"),
+    (lambda: DynamicSpec("x", 0, sweep=None), "sweep must be one of .* got None"),
+    (lambda: BuildConfig(DynamicSpec("x", 0), where=5), "where= must be a callable of the swept dims"),
     (lambda: DynamicSpec("x", "0"), "dim must be an int"),
     (lambda: DynamicSpec(-1, 0), "a position must be >= 0"),
     (lambda: BuildConfig(), "at least one DynamicSpec"),
