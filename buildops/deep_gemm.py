@@ -169,7 +169,7 @@ class _GemmRun:
         if settings.executor == "threads":
             run_shape(self.module, self.shape, self.ms, self.device, reserve)
             return
-        _pool.run(str(self.shape), run_shape, self.module, self.shape, self.ms, self.device, reserve)
+        _pool.run(str(self.shape), run_shape_in_worker, self.module, self.shape, self.ms, self.device, reserve)
 
 
 def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int) -> int:
@@ -189,6 +189,17 @@ def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, res
     # The reserve as an argument, not a settings.scope: scopes are process-wide, and builds run side by side.
     run_admitted(dev, shape.operand_bytes(m_max), make, run, f"DeepGEMM {KINDS[shape.kind]} {shape}", reserve_mb)
     return len(ms)
+
+
+def run_shape_in_worker(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int) -> int:
+    """:func:`run_shape` in a build worker process, whose cached GPU memory then goes back to the driver. Torch
+    keeps freed operands' memory cached in the process that freed them, where only that process can use it: the
+    engine, and the gate's checks in the node's other processes, see what the driver has free."""
+    try:
+        return run_shape(module, shape, ms, device, reserve_mb)
+    finally:
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _operands(shape: GemmShape, m_max: int, device: torch.device) -> dict:

@@ -81,6 +81,20 @@ def test_every_shape_runs_at_every_m(calls, executor):
     assert (pids == {os.getpid()}) == (executor == "threads")  # processes: the runs happened elsewhere
 
 
+def test_a_worker_gives_its_cached_gpu_memory_back_after_each_run(monkeypatch):
+    """In a worker process, what the operands took stays in torch's cache unless emptied, out of reach of the
+    engine and of the gate's checks elsewhere. Here in-process, with the GPU faked: the run, then the emptying."""
+    from buildops import deep_gemm
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("emptied"))
+    monkeypatch.setattr(deep_gemm, "run_admitted", lambda *args: events.append("ran"))
+    deep_gemm.run_shape_in_worker("fake_deep_gemm", GemmShape("dense", 256, 128), [1, 2], "cuda:0", 0)
+    assert events == ["ran", "emptied"]
+    deep_gemm.run_shape_in_worker("fake_deep_gemm", GemmShape("dense", 256, 128), [1, 2], "cpu", 0)
+    assert events == ["ran", "emptied", "ran"]  # nothing to give back from the CPU
+
+
 def test_a_family_queues_builds_when_the_model_is_created(calls):
     family = register_family(DeepGemmFamily(max_tokens=lambda config: config["max_tokens"], module="fake_deep_gemm"))
     try:
