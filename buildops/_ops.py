@@ -329,11 +329,20 @@ def lists_kernels(config: BuildConfig, *, output: Output = None, name: str | Non
             taking the op's arguments and returning new tensors (zeros, e.g. ``torch.zeros_like``), or None.
         name: the op's name in reports and ``join(op=...)`` (default: the function's qualified name).
     """
+    _refuse_bare_use("lists_kernels", config)
+
     def decorate(fn: Callable) -> Callable:
         if not settings.enabled:
             return _transparent(fn)
         return _wrap(fn, _ListingOp(fn, config, output, name, "lists_kernels"))
     return decorate
+
+
+def _refuse_bare_use(decorator: str, config: object) -> None:
+    """``@lists_kernels`` without its arguments would replace the op with the inner decorator, silently."""
+    if callable(config):
+        raise TypeError(f"@{decorator} above {_op_name(config, None)} needs its BuildConfig: "
+                        f"@{decorator}(BuildConfig(DynamicSpec('x', dim=0))), not @{decorator} alone")
 
 
 def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int, str]] | None = None,
@@ -351,6 +360,8 @@ def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int
             config's only swept spec) or ``{"out": (0, "x.0")}`` (follows the spec named ``"x.0"``).
         output, name: as for :func:`lists_kernels`.
     """
+    _refuse_bare_use("builds_by_running", config)
+
     def decorate(fn: Callable) -> Callable:
         if not settings.enabled:
             return _transparent(fn)

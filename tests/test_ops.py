@@ -238,6 +238,12 @@ def test_misuse_fails_at_decoration_with_the_op_named():
         @builds_by_running(BuildConfig(DynamicSpec("x", 0)), dims={"out": (0, "y.0")})
         def tied(x, out):
             pass
+    for decorator in (lists_kernels, builds_by_running):
+        with pytest.raises(TypeError, match=rf"@{decorator.__name__} above bare needs its BuildConfig: "
+                                            rf"@{decorator.__name__}\(BuildConfig\(DynamicSpec\('x', dim=0\)\)\)"):
+            @decorator
+            def bare(x):
+                pass
     with pytest.raises(TypeError, match=r"@builds_by_running on plain: expected a BuildConfig"):
         @builds_by_running(DynamicSpec("x", 0))
         def plain(x):
