@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import inspect
+import logging
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Union
@@ -30,6 +31,8 @@ from ._gpu import worker_stream
 from ._passes import BuildPass, _current
 from ._host_replay import replay
 from ._specs import BuildConfig, DynamicSpec, SpecError, TensorSpec, call_signature
+
+logger = logging.getLogger("buildops")
 
 __all__ = ["builds_by_running", "lists_kernels"]
 
@@ -108,7 +111,11 @@ class _Op:
             futures = list(self.pending.get(signature, ()))
         builder = current_builder()
         if futures and builder is not None:
-            builder.wait_for(futures, self.name)
+            try:
+                builder.wait_for(futures, self.name)
+            except Exception:  # noqa: BLE001 - serving never fails over a wait: the op runs, compiling what it must
+                logger.warning("buildops: %s: waiting for its builds failed; it runs now and compiles what is not "
+                               "built yet", self.name, exc_info=True)
 
     def _list(self, build_pass: BuildPass, instance: Any, args: tuple, kwargs: dict) -> Any:
         bound = self._bind(instance, args, kwargs)
