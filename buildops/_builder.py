@@ -405,13 +405,24 @@ class Builder:
     def stats(self) -> dict[str, OpStats]:
         """A copy of the per-op statistics."""
         with self._lock:
-            return {op: replace(s) for op, s in self._stats.items()}
+            return self._copy_stats()
 
     def history(self) -> list[BuildRecord]:
         """Every build submitted, in order."""
         with self._lock:
-            return [BuildRecord(r.build, r.state, r.seconds, getattr(r.build.run, "waited", 0.0), r.started, r.error)
-                    for r in self._history]
+            return self._copy_history()
+
+    def snapshot(self) -> tuple[dict[str, OpStats], list[BuildRecord]]:
+        """:meth:`stats` and :meth:`history` at one instant, so that a report's counts agree with each other."""
+        with self._lock:
+            return self._copy_stats(), self._copy_history()
+
+    def _copy_stats(self) -> dict[str, OpStats]:
+        return {op: replace(s) for op, s in self._stats.items()}
+
+    def _copy_history(self) -> list[BuildRecord]:
+        return [BuildRecord(r.build, r.state, r.seconds, getattr(r.build.run, "waited", 0.0), r.started, r.error)
+                for r in self._history]
 
     @property
     def busy(self) -> int:
@@ -422,8 +433,10 @@ class Builder:
     def gpu_pending(self) -> list[Build]:
         """The GPU builds queued or running now."""
         with self._lock:
+            # A queued build whose owner cancelled its future never runs: join() does not wait for it either.
             return [r.build for r in self._records.values()
-                    if r.build.uses_gpu and r.state in (BuildState.QUEUED, BuildState.BUILDING)]
+                    if r.build.uses_gpu and (r.state is BuildState.BUILDING
+                                             or r.state is BuildState.QUEUED and not r.future.cancelled())]
 
     @property
     def workers(self) -> int:

@@ -70,11 +70,10 @@ def report() -> Report:
     late = tuple(late_compiles())
     if builder is None:
         return Report((), (), {}, late)
-    stats = builder.stats()
+    stats, history = builder.snapshot()
     pending: dict[str, int] = {}
     prebuilt: dict[str, int] = {}
     failures = []
-    history = builder.history()
     for record in history:
         build, state = record.build, record.state
         if state in (BuildState.QUEUED, BuildState.BUILDING):

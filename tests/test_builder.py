@@ -273,3 +273,18 @@ def test_a_build_its_owner_cancels_is_forgotten_once_skipped(runs):
     finally:
         gate.set()
         builder.shutdown()
+
+
+def test_a_report_is_one_instant_of_the_builder():
+    """Builds finish while reports are taken: each op's listed builds are always in exactly one of its counts."""
+    builder = default_builder()
+    submitter = threading.Thread(target=lambda: [builder.submit(Build("op", i, lambda: None)) for i in range(2000)])
+    submitter.start()
+    reports = 0
+    while submitter.is_alive() or not buildops.join(timeout=0):
+        for op in buildops.report().ops:
+            reports += 1
+            assert op.listed - op.shared == op.built + op.failed + op.cancelled + op.pending, op
+    submitter.join()
+    assert reports > 0
+

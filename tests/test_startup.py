@@ -32,6 +32,23 @@ def test_a_graph_capture_cannot_begin_while_gpu_builds_run(runs):
     assert not isinstance(reached.value, GraphCaptureDuringBuild)
 
 
+def test_a_gpu_build_its_owner_cancelled_does_not_block_a_capture(runs):
+    """Still queued behind a CPU build, but it will never run: prepare_graph_capture() returns, and so the
+    capture it prepared for must begin."""
+    gate = threading.Event()
+    try:
+        with buildops.settings.scope(threads=1):
+            default_builder().submit(runs.build("norm", "cpu-build", gate=gate))
+            assert runs.started.wait(WAIT)
+            assert default_builder().submit(runs.build("attention", "gpu-build", uses_gpu=True)).cancel()
+            prepare_graph_capture(timeout=WAIT)
+            with pytest.raises(Exception) as reached:
+                torch.cuda.CUDAGraph.capture_begin(object())
+            assert not isinstance(reached.value, GraphCaptureDuringBuild)
+    finally:
+        gate.set()
+
+
 def test_cpu_builds_do_not_block_a_capture(runs):
     gate = threading.Event()
     default_builder().submit(runs.build("norm", "cpu-build", gate=gate))
