@@ -37,15 +37,15 @@ class ReplayError(SpecError):
     """An op's host code could not run on fake tensors, so its builds cannot be listed by replay."""
 
 
-def _stand_in_arguments(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]],
+def _stand_in_arguments(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int | None, int]],
                         make: Callable[[torch.Tensor, list[int] | None], torch.Tensor]) -> inspect.BoundArguments:
     """The call's arguments with swept ints replaced, and each tensor by ``make(tensor, shape)``: ``shape`` is the
     swept shape, or None where the tensor keeps its own."""
     call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
     for name, value in bound.arguments.items():
         dims = shapes.get(name, {})
-        if -1 in dims:
-            call.arguments[name] = dims[-1]
+        if None in dims:
+            call.arguments[name] = dims[None]
         elif isinstance(value, torch.Tensor):
             shape = None
             if dims:
@@ -93,7 +93,7 @@ def _fake(mode) -> Callable[[torch.Tensor, list[int] | None], torch.Tensor]:
     return make
 
 
-def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]],
+def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int | None, int]],
            dims: Mapping[str, int]) -> list[Build]:
     """Run ``fn`` on meta (else fake) versions of the call's arguments cut to one swept shape; return the launches
     as builds."""

@@ -28,7 +28,7 @@ import wrapt
 from ._builder import Build, current_builder, on_builder_thread
 from ._config import settings
 from ._gpu import worker_stream
-from ._passes import BuildPass, _current
+from ._passes import BuildPass, _current, active
 from ._host_replay import replay
 from ._specs import BuildConfig, DynamicSpec, SpecError, TensorSpec, call_signature
 
@@ -87,6 +87,8 @@ class _Op:
     def call(self, wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
         """wrapt's wrapper (for a plain function, _FunctionOp.__call__ takes the fast path before it)."""
         build_pass = _current.get()
+        if build_pass is not None and not build_pass._active:  # a context copied inside a pass that has ended
+            build_pass = active(build_pass)
         if build_pass is None:
             # Never on a builder thread: a build that calls another op (a @builds_by_running body) would wait for
             # builds queued behind it on the same workers; there the inner op compiles as part of the build.
@@ -202,8 +204,8 @@ class _ListingOp(_Op):
             fitted = shapes.get(name, {})
             if isinstance(value, torch.Tensor):
                 specs.arguments[name] = TensorSpec.like(value, fitted)
-            elif -1 in fitted:
-                specs.arguments[name] = fitted[-1]
+            elif None in fitted:
+                specs.arguments[name] = fitted[None]
         try:
             builds = list(self.lister(*specs.args, **specs.kwargs) or ())
         except Exception as error:  # a bug in the lister: it raises into the pass body, with where it came from
@@ -250,17 +252,17 @@ def _fit(tensor: torch.Tensor, dims: Mapping[int, int]) -> torch.Tensor:
     return out.clone(memory_format=torch.contiguous_format) if tensor.is_contiguous() else out.clone()
 
 
-def _fitted(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]]) -> inspect.BoundArguments:
+def _fitted(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int | None, int]]) -> inspect.BoundArguments:
     """The call's arguments for one swept shape: swept tensors (and those ``dims=`` ties to them) cut or tiled into
     copies, swept ints replaced. Other tensors are passed as they are: they are mostly weights and KV caches, and
     a copy of each per run could take more memory than the GPU has."""
     call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
     for name, fitted in shapes.items():
-        call.arguments[name] = fitted[-1] if -1 in fitted else _fit(call.arguments[name], fitted)
+        call.arguments[name] = fitted[None] if None in fitted else _fit(call.arguments[name], fitted)
     return call
 
 
-def _run_at(fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int, int]],
+def _run_at(fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int | None, int]],
             device: torch.device | None) -> None:
     """One real run of ``fn`` at one swept shape; on a GPU, on this worker's stream, finished before returning."""
     if device is None:

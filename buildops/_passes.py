@@ -19,7 +19,7 @@ from . import _late
 from ._builder import Build, Builder, current_builder, default_builder
 from ._config import settings
 
-__all__ = ["BuildPass", "build_pass", "current_pass", "rehearsal"]
+__all__ = ["BuildPass", "active", "build_pass", "current_pass", "rehearsal"]
 
 logger = logging.getLogger("buildops")
 
@@ -28,7 +28,15 @@ _current: contextvars.ContextVar[BuildPass | None] = contextvars.ContextVar("bui
 
 def current_pass() -> BuildPass | None:
     """The innermost active pass of this thread or task, or None."""
-    return _current.get()
+    return active(_current.get())
+
+
+def active(node: BuildPass | None) -> BuildPass | None:
+    """``node`` if it is still active, else its innermost enclosing pass that is. An asyncio task (or a context
+    copied by hand) made inside a pass keeps that pass in its copy of the context after the pass has ended."""
+    while node is not None and not node._active:
+        node = node.parent
+    return node
 
 
 class BuildPass:
@@ -97,7 +105,7 @@ class BuildPass:
             return self
         # Entered again (a retry after a body that raised): a new pass, listing from nothing.
         self.futures, self._seen, self._builder = [], set(), None
-        self.parent = _current.get()
+        self.parent = current_pass()
         self._token = _current.set(self)
         self._active = True
         self._started = time.perf_counter()

@@ -266,11 +266,12 @@ class ResolvedConfig:
                 result.append(combo)
         return result
 
-    def shapes(self, combo: Mapping[str, int]) -> dict[str, dict[int, int]]:
-        """Per argument, ``{dim: value}`` for one combination (dim ``-1``: the int argument itself)."""
-        out: dict[str, dict[int, int]] = {}
+    def shapes(self, combo: Mapping[str, int]) -> dict[str, dict[int | None, int]]:
+        """Per argument, ``{dim: value}`` for one combination (dim ``None``: the int argument itself; a dim may be
+        negative, counted from the end as torch does)."""
+        out: dict[str, dict[int | None, int]] = {}
         for d in self.dims:
-            out.setdefault(d.param, {})[-1 if d.spec.dim is None else d.spec.dim] = combo[d.spec.key]
+            out.setdefault(d.param, {})[d.spec.dim] = combo[d.spec.key]
         return out
 
 

@@ -332,3 +332,23 @@ def test_a_lister_receives_swept_ints_and_keyword_arguments():
         op(torch.empty(5, 2), tokens=5, mode="b")
     assert seen == [((16, 2), 16, "b"), ((32, 2), 32, "b")]
     assert rec.dims("<lambda>") == [{"tokens": 16, "x.0": 16}, {"tokens": 32, "x.0": 32}]
+
+
+def test_a_dim_counted_from_the_end_is_swept_like_any_other(runs):
+    seen = []
+
+    @builds_by_running(BuildConfig(DynamicSpec("x", dim=-1, sweep=[2, 4])), output="x")
+    def last(x):
+        seen.append(tuple(x.shape))
+        return x
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", dim=-1, sweep=[2, 4])), output="x")
+    def listed(x):
+        return x
+
+    listed.lister(lambda x: [runs.build("listed", ("listed", x.shape))])
+    with build_pass("warmup"):
+        last(torch.ones(3, 8))
+        listed(torch.ones(3, 8))
+    assert sorted(seen) == [(3, 2), (3, 4)] and report().total("failed") == 0
+    assert sorted(runs.calls) == [("listed", (3, 2)), ("listed", (3, 4))]

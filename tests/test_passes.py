@@ -222,3 +222,29 @@ def test_a_wait_in_serving_never_raises(runs, monkeypatch, caplog):
         gate.set()
     monkeypatch.delenv("BUILDOPS_PROGRESS_AFTER")  # join is no serving call: there the bad setting raises
     assert buildops.join(timeout=WAIT)
+
+
+def test_a_task_made_inside_a_pass_is_outside_it_once_the_pass_ends(runs):
+    """asyncio copies the context into a task: the ended pass stays in the copy, and must not count there."""
+    import asyncio
+
+    op = op_listing(runs)
+    inner = {}
+
+    async def later():
+        await asyncio.sleep(0.05)  # runs after the rehearsal below has ended
+        served = op(torch.ones(2, 5))
+        with build_pass("in the task") as nested:  # the outermost pass here: it joins its builds at its end
+            op(torch.empty(2, 7))
+        inner.update(parent=nested.parent, state=current_builder().state(("op", 7)))
+        return served
+
+    async def main():
+        with rehearsal("startup"):
+            task = asyncio.get_running_loop().create_task(later())
+        return await task
+
+    served = asyncio.run(main())
+    assert torch.equal(served, torch.ones(2, 5))  # the op ran: no placeholder
+    assert inner == {"parent": None, "state": BuildState.BUILT}
+    assert buildops.join(timeout=WAIT)
