@@ -150,3 +150,26 @@ class WorkerPool:
     def _forget(self) -> None:
         self._lock, self._launch_lock, self._launcher = threading.Lock(), threading.Lock(), None
         self._pool, self._starting = None, []
+        if self._preload:
+            _forget_the_forkserver()
+
+
+def _forget_the_forkserver() -> None:
+    """In a forked child: Python's forkserver object still names the parent's server, and starting a pool through
+    it would wait for a process that is not this one's child (``ChildProcessError`` on every build). Forgotten, it
+    starts a server of this process's own. Closing the inherited end of the pipe that keeps the parent's server
+    alive also lets that server exit with the parent."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None:
+        try:
+            os.close(alive)
+        except OSError:
+            pass
+    for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid"):
+        if hasattr(server, name):
+            setattr(server, name, None)
+    if hasattr(server, "_lock"):
+        server._lock = threading.Lock()
