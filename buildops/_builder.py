@@ -123,6 +123,7 @@ class _Record:
     build: Build
     future: concurrent.futures.Future
     owners: set = field(default_factory=set)  # passes that still want it; None: submitted outside a pass
+    ops: set = field(default_factory=set)  # every op that listed it (join(op=...) waits for shared builds too)
     state: BuildState = BuildState.QUEUED
     seconds: float = 0.0
     started: float | None = None
@@ -157,13 +158,20 @@ class Builder:
         """Queue ``build`` unless its key is already queued, building or built; return the key's future."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("buildops: this builder was shut down; buildops.join/shutdown made a new one")
+                raise RuntimeError("buildops: this builder was shut down; submit to the current one "
+                                   "(buildops._builder.default_builder())")
             stats = self._stats.setdefault(build.op, OpStats())
             stats.listed += 1
             record = self._records.get(build.key)
+            if record is not None and record.state is BuildState.QUEUED and record.future.cancelled():
+                # Its owner cancelled it through the future and no worker has skipped it yet: it never runs, so
+                # the key is queued again (the worker that reaches the old record leaves the new one alone).
+                del self._records[build.key]
+                record = None
             if record is not None:
                 stats.shared += 1
                 record.owners.add(owner)
+                record.ops.add(build.op)
                 return record.future
             if self._in_flight == 0:
                 _gil.hold()  # before the record exists: a bad setting raises with nothing queued
@@ -182,7 +190,7 @@ class Builder:
             except BaseException:  # nothing was queued: no longer in flight
                 self._count_out_locked()
                 raise
-            record = _Record(build, concurrent.futures.Future(), {owner})
+            record = _Record(build, concurrent.futures.Future(), {owner}, {build.op})
             self._records[build.key] = record
             self._history.append(record)
             if build.serial:
@@ -206,10 +214,15 @@ class Builder:
                 return
             claim = None
             if self._claims is not None and record.build.shared and not record.future.cancelled():
-                claim = self._claims.try_claim(record.build.key, wait=0.05)
-                if claim is None:  # another process of this node is building it: build something else first
-                    put_back(record)
-                    continue
+                try:
+                    claim = self._claims.try_claim(record.build.key, wait=0.05)
+                except Exception:  # noqa: BLE001 - a claim is an optimisation: build it here, unshared
+                    logger.warning("buildops: claiming build %s of op %s across the node failed; building it here",
+                                   record.build.describe(), record.build.op, exc_info=True)
+                else:
+                    if claim is None:  # another process of this node is building it: build something else first
+                        put_back(record)
+                        continue
             try:
                 self._run(record)
             finally:
@@ -373,7 +386,7 @@ class Builder:
         def select(record: _Record) -> bool:
             if gpu_only and not record.build.uses_gpu:
                 return False
-            return op is None or record.build.op.startswith(op)
+            return op is None or any(listed.startswith(op) for listed in record.ops)
         what = "GPU builds" if gpu_only else f"builds of {op}" if op else "builds"
         return self.wait(select, timeout, what)
 
@@ -423,6 +436,11 @@ class Builder:
     def _copy_history(self) -> list[BuildRecord]:
         return [BuildRecord(r.build, r.state, r.seconds, getattr(r.build.run, "waited", 0.0), r.started, r.error)
                 for r in self._history]
+
+    @property
+    def closed(self) -> bool:
+        """Shut down: it takes no more builds."""
+        return self._closed
 
     @property
     def busy(self) -> int:

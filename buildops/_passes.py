@@ -89,7 +89,9 @@ class BuildPass:
 
     def take(self, op: str, signature: Hashable, dims: Mapping[str, int], builds: Iterable[Build]) -> list:
         """Queue the builds an op listed for one swept shape; return their futures."""
-        builder = self._builder or default_builder()
+        builder = self._builder
+        if builder is None or builder.closed:  # buildops.shutdown() ran inside the pass: on with the new builder
+            builder = default_builder()
         futures = [builder.submit(build, owner=self) for build in builds]
         node: BuildPass | None = self
         while node is not None:  # every enclosing pass answers for what its body queued

@@ -288,3 +288,43 @@ def test_a_report_is_one_instant_of_the_builder():
     submitter.join()
     assert reports > 0
 
+
+
+def test_join_for_an_op_waits_for_the_builds_it_shares(runs):
+    gate = threading.Event()
+    builder = default_builder()
+    builder.submit(runs.build("decode", "shared-kernel", gate=gate))
+    shared = builder.submit(runs.build("prefill", "shared-kernel"))  # listed second: counted as shared
+    assert buildops.join(op="prefill", timeout=0.2) is False and not shared.done()
+    gate.set()
+    assert buildops.join(op="prefill", timeout=WAIT) and shared.done()
+
+
+def test_a_key_whose_future_its_owner_cancelled_is_queued_again_at_once(runs):
+    gate = threading.Event()
+    builder = Builder(threads=1)
+    try:
+        builder.submit(runs.build("op", "long", gate=gate))
+        cancelled = builder.submit(runs.build("op", "key"))
+        assert runs.started.wait(WAIT) and cancelled.cancel()
+        again = builder.submit(runs.build("other", "key"))  # before any worker skipped the cancelled one
+        assert again is not cancelled and not again.cancelled()
+        gate.set()
+        assert again.result(WAIT) == "key" and builder.state("key") is BuildState.BUILT
+    finally:
+        gate.set()
+        builder.shutdown()
+
+
+def test_a_claim_that_raises_builds_the_key_unshared(caplog):
+    class Unprintable:  # its repr names the node-wide lock, and raises
+        def __repr__(self):
+            raise ValueError("no repr")
+
+    builder = Builder(threads=1)
+    try:
+        future = builder.submit(Build("op", Unprintable(), lambda: "built", label="unprintable"))
+        assert future.result(WAIT) == "built" and builder.join(timeout=WAIT)
+        assert "claiming build" in caplog.text
+    finally:
+        builder.shutdown()

@@ -248,3 +248,12 @@ def test_a_task_made_inside_a_pass_is_outside_it_once_the_pass_ends(runs):
     assert torch.equal(served, torch.ones(2, 5))  # the op ran: no placeholder
     assert inner == {"parent": None, "state": BuildState.BUILT}
     assert buildops.join(timeout=WAIT)
+
+
+def test_a_pass_goes_on_with_the_new_builder_after_a_shutdown(runs):
+    op = op_listing(runs)
+    with rehearsal("startup"):
+        op(torch.empty(2, 3))
+        buildops.shutdown()  # from another thread, a signal handler, a test's reset
+        op(torch.empty(2, 5))  # a new signature: queued on the builder that takes builds now
+    assert buildops.join(timeout=WAIT) and current_builder().state(("op", 5)) is BuildState.BUILT
