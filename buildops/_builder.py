@@ -564,11 +564,12 @@ def join(timeout: float | None = None, gpu_only: bool = False, op: str | None = 
     return True if builder is None else builder.join(timeout=timeout, gpu_only=gpu_only, op=op)
 
 
-_shutdown_hooks: list[Callable[[], None]] = []
+_shutdown_hooks: list[Callable[[bool, float | None], None]] = []
 
 
-def add_shutdown_hook(hook: Callable[[], None]) -> None:
-    """Run ``hook`` at :func:`shutdown`, after the workers stopped (a backend stops its own pools there)."""
+def add_shutdown_hook(hook: Callable[[bool, float | None], None]) -> None:
+    """Run ``hook(wait, deadline)`` at :func:`shutdown`, after the workers stopped (a backend stops its own pools
+    there): ``wait`` as given to shutdown, ``deadline`` the ``time.monotonic()`` its timeout ends at, or None."""
     if hook not in _shutdown_hooks:
         _shutdown_hooks.append(hook)
 
@@ -577,6 +578,7 @@ def shutdown(wait: bool = True, timeout: float | None = None) -> None:
     """Cancel queued builds, stop the workers and backends' pools, and forget the builder (the next build makes
     a new one)."""
     global _default
+    deadline = None if timeout is None else time.monotonic() + timeout  # one for the workers and the pools
     with _default_lock:
         builder, _default = _default, None
     if builder is not None:
@@ -584,4 +586,4 @@ def shutdown(wait: bool = True, timeout: float | None = None) -> None:
         for op in list(builder.waiting_ops):
             op.forget_pending()
     for hook in list(_shutdown_hooks):
-        hook()
+        hook(wait, deadline)

@@ -123,17 +123,22 @@ class WorkerPool:
         return self._pool is not None and all(f.done() and f.exception() is None for f in self._starting)
 
     def run(self, what: str, fn: Callable, *args: Any) -> Any:
-        """``fn(*args)`` in a worker. A crashed worker is replaced and the call retried once, then it raises."""
-        for attempt in (1, 2):
-            pool = self.get()
+        """``fn(*args)`` in a worker. When a worker crashes, every call in flight on the pool fails with it, so
+        each is retried once, alone in a worker of its own: only the call that crashed it crashes again, and
+        then it raises."""
+        pool = self.get()
+        try:
+            return pool.submit(fn, *args).result()
+        except concurrent.futures.process.BrokenProcessPool:
+            self._replace(pool)
+        logger.warning("buildops: a %s worker crashed while it built %s (or another build beside it); retrying it "
+                       "once in a worker of its own", self.name, what)
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=_context(self._preload),
+                                                    initializer=self._initializer) as alone:
             try:
-                return pool.submit(fn, *args).result()
+                return alone.submit(fn, *args).result()
             except concurrent.futures.process.BrokenProcessPool:
-                self._replace(pool)
-                if attempt == 2:
-                    raise RuntimeError(f"buildops: {self.name} worker crashed twice building {what}") from None
-                logger.warning("buildops: a %s worker crashed building %s; retrying once in a new one", self.name,
-                               what)
+                raise RuntimeError(f"buildops: {self.name} worker crashed twice building {what}") from None
 
     def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
         with self._lock:
@@ -141,11 +146,14 @@ class WorkerPool:
                 self._pool, self._starting = None, []
         broken.shutdown(wait=False, cancel_futures=True)
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait: bool = True, deadline: float | None = None) -> None:
+        """Stop the workers; with ``wait``, once their running tasks are done. With a ``deadline`` (``buildops.
+        shutdown(timeout=...)``) they are told to stop and not waited for: a worker cannot be waited for a bounded
+        time, and one stuck in a build must not hold up the caller; it exits once that build ends."""
         with self._lock:
             pool, self._pool, self._starting = self._pool, None, []
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=wait and deadline is None, cancel_futures=True)
 
     def _forget(self) -> None:
         self._lock, self._launch_lock, self._launcher = threading.Lock(), threading.Lock(), None

@@ -27,3 +27,50 @@ def test_a_forked_child_starts_workers_of_its_own():
         assert pool.run("a pid", os.getpid) == parent_worker  # the parent's pool is untouched
     finally:
         pool.shutdown()
+
+
+def test_a_crashing_build_fails_alone_and_the_builds_beside_it_finish():
+    import threading
+    import time
+
+    import pool_tasks
+
+    pool = WorkerPool("test", lambda: 2)
+    try:
+        warm = [pool.get().submit(pool_tasks.slow, 0.2) for _ in range(2)]
+        assert [f.result(60) for f in warm] == [0.2, 0.2]  # both workers up
+        results = {}
+
+        def run(what, fn, *args):
+            try:
+                results[what] = pool.run(what, fn, *args)
+            except RuntimeError as error:
+                results[what] = str(error)
+
+        beside = threading.Thread(target=run, args=("beside", pool_tasks.slow, 2.0))
+        beside.start()
+        time.sleep(0.3)  # running in a worker when the other worker dies, and its retry when the retry dies
+        run("crasher", pool_tasks.crash, 0.5)
+        beside.join(60)
+        assert results == {"beside": 2.0, "crasher": "buildops: test worker crashed twice building crasher"}
+    finally:
+        pool.shutdown()
+
+
+def test_shutdown_with_a_timeout_does_not_wait_for_a_worker_still_building():
+    import time
+
+    import buildops
+    import pool_tasks
+
+    pool = WorkerPool("test", lambda: 1)
+    try:
+        assert pool.run("warm", pool_tasks.slow, 0.0) == 0.0
+        building = pool.get().submit(pool_tasks.slow, 5.0)
+        time.sleep(0.3)
+        began = time.monotonic()
+        buildops.shutdown(timeout=0.5)
+        assert time.monotonic() - began < 2.5 and not pool.started
+        assert building.result(30) == 5.0  # told to stop, the worker finishes its build and exits
+    finally:
+        pool.shutdown()
