@@ -41,10 +41,8 @@ Lister = Callable[..., Iterable[Build]]
 
 
 def _is_method(fn: Callable) -> bool:
-    """A function defined in a class body, whose first parameter the call does not pass explicitly."""
-    parts = getattr(fn, "__qualname__", "").split(".")
-    if len(parts) < 2 or parts[-2] == "<locals>":
-        return False
+    """A function whose first parameter is ``self`` or ``cls``: defined in a class body, or assigned into one
+    (``forward = rms_forward``). Called through an instance, it gets that instance from wrapt, not in ``args``."""
     params = list(inspect.signature(fn).parameters)
     return bool(params) and params[0] in ("self", "cls")
 

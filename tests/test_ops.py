@@ -352,3 +352,24 @@ def test_a_dim_counted_from_the_end_is_swept_like_any_other(runs):
         listed(torch.ones(3, 8))
     assert sorted(seen) == [(3, 2), (3, 4)] and report().total("failed") == 0
     assert sorted(runs.calls) == [("listed", (3, 2)), ("listed", (3, 4))]
+
+
+def test_an_op_assigned_into_a_class_is_a_method():
+    from buildops.testing import record_listings
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x")
+    def rms_forward(self, x):
+        return x * self.scale
+
+    rms_forward.lister(lambda self, x: [])
+
+    class Rms(torch.nn.Module):
+        scale = 2.0
+        forward = rms_forward
+
+    model = Rms()
+    assert torch.equal(model(torch.ones(2, 3)), torch.full((2, 3), 2.0))
+    with record_listings() as recorded:
+        assert torch.equal(model(torch.ones(2, 3)), torch.zeros(2, 3))
+    assert recorded.dims("rms_forward") == [{"x.0": 2}]
+    assert torch.equal(rms_forward(model, torch.ones(1, 3)), torch.full((1, 3), 2.0))  # called plainly, too
