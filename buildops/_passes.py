@@ -48,6 +48,9 @@ class BuildPass:
 
     #: whether the end of this pass (as the outermost) starts late-compile detection
     arms_late_compiles = True
+    #: whether this pass remembers its own first calls rather than share the enclosing passes' memory: a test's
+    #: recorder inside a real pass must see every call, and must not keep the real pass from queueing them
+    lists_apart = False
 
     def __init__(self, name: str, join_at_exit: bool) -> None:
         if not isinstance(name, str) or not name:
@@ -57,6 +60,7 @@ class BuildPass:
         self.parent: BuildPass | None = None
         self.futures: list[concurrent.futures.Future] = []
         self._seen: set[tuple[Any, Hashable]] = set()
+        self._first: set[tuple[Any, Hashable]] = set()  # first calls made inside this pass (its nested ones too)
         self._builder: Builder | None = None
         self._token: contextvars.Token | None = None
         self._active = False
@@ -64,8 +68,9 @@ class BuildPass:
 
     @property
     def root(self) -> BuildPass:
+        """The pass whose memory of first calls this one shares: the outermost, or the nearest that lists apart."""
         node = self
-        while node.parent is not None:
+        while node.parent is not None and not node.lists_apart:
             node = node.parent
         return node
 
@@ -85,6 +90,7 @@ class BuildPass:
         if key in seen:
             return False
         seen.add(key)
+        self._first.add(key)
         return True
 
     def take(self, op: str, signature: Hashable, dims: Mapping[str, int], builds: Iterable[Build]) -> list:
@@ -106,7 +112,7 @@ class BuildPass:
         if not settings.enabled:  # BUILDOPS=0: a plain block
             return self
         # Entered again (a retry after a body that raised): a new pass, listing from nothing.
-        self.futures, self._seen, self._builder = [], set(), None
+        self.futures, self._seen, self._first, self._builder = [], set(), set(), None
         self.parent = current_pass()
         self._token = _current.set(self)
         self._active = True
@@ -121,12 +127,16 @@ class BuildPass:
         self._token = None
         builder = self._builder
         if exc_type is not None:
+            # Its builds are cancelled below: the calls that listed them are first calls again, for a retry in
+            # an enclosing pass.
+            self.root._seen.difference_update(self._first)
             if builder is not None and self.futures:
                 cancelled = builder.cancel(self.futures, releases=self.encloses)
                 logger.info("buildops: pass %r raised %s; cancelled %d queued build(s)",
                             self.name, exc_type.__name__, cancelled)
             return
         if self.parent is not None:
+            self.parent._first.update(self._first)
             return
         if self.join_at_exit and builder is not None and builder is current_builder():
             wanted = set(self.futures)

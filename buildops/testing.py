@@ -46,6 +46,7 @@ class ListingRecorder(BuildPass):
     """A build pass that records listings instead of queueing builds. Ops inside it return their placeholders."""
 
     arms_late_compiles = False  # nothing was built, so nothing compiled afterwards is a gap
+    lists_apart = True  # inside a real pass too, it sees every call, and leaves the pass to queue them
 
     def __init__(self, name: str = "record") -> None:
         super().__init__(name, join_at_exit=False)

@@ -257,3 +257,23 @@ def test_a_pass_goes_on_with_the_new_builder_after_a_shutdown(runs):
         buildops.shutdown()  # from another thread, a signal handler, a test's reset
         op(torch.empty(2, 5))  # a new signature: queued on the builder that takes builds now
     assert buildops.join(timeout=WAIT) and current_builder().state(("op", 5)) is BuildState.BUILT
+
+
+def test_a_call_whose_nested_pass_raised_is_listed_again_in_the_enclosing_pass(runs):
+    gate = threading.Event()
+    blocker = op_listing(runs, name="blocker", gate=gate)
+    op = op_listing(runs)
+    try:
+        with settings.scope(threads=1), rehearsal("outer"):
+            blocker(torch.empty(4, 1))
+            assert runs.started.wait(WAIT)  # the only worker is busy: op's build stays queued
+            with pytest.raises(MemoryError):
+                with build_pass("inner"):
+                    op(torch.empty(4, 3))
+                    raise MemoryError("the dummy forward ran out of memory at this batch")
+            assert current_builder().state(("op", 3)) is None  # cancelled
+            op(torch.empty(4, 3))  # the retry, in the enclosing pass
+            assert current_builder().state(("op", 3)) is BuildState.QUEUED
+    finally:
+        gate.set()
+    assert buildops.join(timeout=WAIT) and runs.calls.count(("op", 3)) == 1

@@ -29,3 +29,24 @@ def test_recorder_captures_listings_without_building():
     assert set(rec.keys()) == {("softmax", dt, 64, big) for dt in (torch.float32, torch.float16)
                                for big in (False, True)} - {("softmax", torch.float16, 64, True)}
     assert current_builder() is None  # nothing was queued, no worker started
+
+
+def test_a_recorder_inside_a_real_pass_sees_every_call_and_queues_nothing_for_it():
+    import buildops
+    from buildops import build_pass
+
+    built = []
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x")
+    def norm(x):
+        return x
+
+    norm.lister(lambda x: [Build("norm", ("norm", x.shape[1]), lambda: built.append(x.shape[1]))])
+    with build_pass("warmup"):
+        norm(torch.empty(4, 3))
+        with record_listings() as rec:
+            norm(torch.empty(4, 3))  # the pass listed it already: the recorder still sees the call
+            norm(torch.empty(4, 5))
+        norm(torch.empty(4, 5))  # the recorder's listing did not count as the pass's own
+    assert rec.keys("norm") == [("norm", 3), ("norm", 5)]
+    assert buildops.join(timeout=10) and sorted(built) == [3, 5]
