@@ -240,16 +240,37 @@ class _WarmupRun:
 
 def _make_launcher(kernel: Any) -> None:
     """Make the kernel's launcher before the load lock is taken. Up to Triton 3.6 a launcher is a C module per
-    kernel signature that a cold cache compiles with the host compiler (near a second): under the lock, that
-    held up every other load. Since 3.7 it is generic and this costs microseconds. ``_init_handles`` makes it
-    again, a cache hit now, and raises there if it must."""
-    try:
-        driver.active.launcher_cls(kernel.src, kernel.metadata)
-    except Exception:  # noqa: BLE001 - see the docstring
-        logger.debug("buildops: making the launcher of %s ahead of its load failed", getattr(kernel, "name", kernel),
-                     exc_info=True)
+    kernel signature that a cold cache compiles with the host compiler (0.2-0.3 s on the GPU host): under the
+    lock, that held up every other load. Since 3.7 it is generic and this costs microseconds. ``_init_handles``
+    makes it again, a cache hit now, and raises there if it must.
+
+    Variants of one kernel mostly share a signature, and so a launcher: builder threads that reached it together
+    each compiled it (20 host compiles in a start of the tiny LLM, for 9 launchers; 2.5 s of CPU beside its load).
+    One thread per signature makes it; the others wait, then find it in Triton's cache. The key only decides who
+    waits for whom, never what is built, so a key that misses a difference Triton's launcher source makes merely
+    serializes two launchers."""
+    with _launcher_lock(_launcher_key(kernel)):
+        try:
+            driver.active.launcher_cls(kernel.src, kernel.metadata)
+        except Exception:  # noqa: BLE001 - see the docstring
+            logger.debug("buildops: making the launcher of %s ahead of its load failed",
+                         getattr(kernel, "name", kernel), exc_info=True)
 
 
+def _launcher_key(kernel: Any) -> str:
+    """What a launcher's C source depends on: the argument types (the signature's values: its keys, the argument
+    names, are not in the source) and tensor descriptors; not the constants that tell one variant from another."""
+    signature = getattr(getattr(kernel, "src", None), "signature", None) or {}
+    return repr((tuple(signature.values()), getattr(kernel.metadata, "tensordesc_meta", None)))
+
+
+def _launcher_lock(key: str) -> threading.Lock:
+    with _launcher_locks_lock:
+        return _launcher_locks.setdefault(key, threading.Lock())
+
+
+_launcher_locks: dict[str, threading.Lock] = {}
+_launcher_locks_lock = threading.Lock()
 _load_lock = threading.Lock()
 
 
@@ -266,8 +287,9 @@ _triton_key_lock = threading.Lock()
 
 def _new_locks_after_fork() -> None:
     # A forked child has none of this process's threads: a lock that one of them held would stay held there.
-    global _load_lock, _triton_key_lock
+    global _load_lock, _triton_key_lock, _launcher_locks, _launcher_locks_lock
     _load_lock, _triton_key_lock = threading.Lock(), threading.Lock()
+    _launcher_locks, _launcher_locks_lock = {}, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_new_locks_after_fork)

@@ -143,3 +143,30 @@ def test_autotuning_runs_in_the_build_so_the_first_call_benchmarks_nothing(monke
             torch.testing.assert_close(matmul(x[:rows], b), (x[:rows].float() @ b.float()).half(), atol=5e-2,
                                        rtol=2e-2)
     assert benches == [] and late_compiles() == []
+
+
+def test_variants_made_ready_together_build_their_shared_launcher_once(tmp_path, monkeypatch):
+    import triton.runtime.build
+
+    bt = pytest.importorskip("buildops.triton")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import triton_kernels as K
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    K.add_kernel.device_caches.clear()
+    x = torch.zeros(4096, device="cuda")
+    kernels = [K.add_kernel.warmup(x, x, x, 4096, grid=(1,), BLOCK=block) for block in (64, 128, 256, 512, 1024)]
+    host_builds = []
+    build = triton.runtime.build._build
+    monkeypatch.setattr(triton.runtime.build, "_build",
+                        lambda name, *args, **kwargs: host_builds.append(name) or build(name, *args, **kwargs))
+    start = threading.Barrier(len(kernels))
+    threads = [threading.Thread(target=lambda k=k: (start.wait(WAIT), bt._make_launcher(k))) for k in kernels]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT * 6)
+    # One host compile where Triton (up to 3.6) builds a launcher per signature; none where it is generic.
+    assert host_builds.count("__triton_launcher") <= 1, host_builds
+    K.add_kernel[(1,)](x, x, x, 4096, BLOCK=1024)
+    torch.cuda.synchronize()

@@ -360,3 +360,43 @@ def test_auto_builds_in_workers_on_many_cores_and_in_threads_on_few(monkeypatch,
             K.double_rows(torch.zeros(40, 100))
         assert bt._processes.started and report().total("failed") == 0
     assert parent_compiles == [False] * 3  # the workers compiled them; this process loaded them
+
+
+def _kernel_with(signature):
+    from types import SimpleNamespace
+    return SimpleNamespace(src=SimpleNamespace(signature=signature), metadata=SimpleNamespace(), name="k")
+
+
+def test_threads_make_a_shared_launcher_one_at_a_time_and_other_launchers_beside_it(monkeypatch):
+    from types import SimpleNamespace
+    # Up to Triton 3.6 each launcher is a host-compiler build; threads that made one together each built it.
+    inside = {"A": 0, "B": 0}
+    most = {"A": 0, "B": 0}
+    entered = {"A": threading.Event(), "B": threading.Event()}
+    lock = threading.Lock()
+
+    def make(src, metadata):
+        kind = "A" if "i32" in src.signature.values() else "B"
+        with lock:
+            inside[kind] += 1
+            most[kind] = max(most[kind], inside[kind])
+        entered[kind].set()
+        entered["B" if kind == "A" else "A"].wait(WAIT)  # a launcher of the other signature is made meanwhile
+        time.sleep(0.02)
+        with lock:
+            inside[kind] -= 1
+
+    monkeypatch.setattr(bt, "driver", SimpleNamespace(active=SimpleNamespace(launcher_cls=make)))
+    # Variants and kernels that differ in constants or argument names share a launcher; i64 makes another one.
+    kernels = [_kernel_with({"x": "*fp32", "n": "i32", "BLOCK": "constexpr"}) for _ in range(3)]
+    kernels += [_kernel_with({"y": "*fp32", "m": "i32", "B": "constexpr"})]
+    kernels += [_kernel_with({"x": "*bf16", "m": "i64", "BLOCK": "constexpr"}) for _ in range(3)]
+    start = threading.Barrier(len(kernels))
+    threads = [threading.Thread(target=lambda k=k: (start.wait(WAIT), bt._make_launcher(k))) for k in kernels]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    assert most == {"A": 1, "B": 1}
+    assert entered["A"].is_set() and entered["B"].is_set()
+    assert len({bt._launcher_key(k) for k in kernels}) == 2
