@@ -7,7 +7,7 @@ queues compile-only builds for every swept shape on the process's builder. See `
 
 from typing import TYPE_CHECKING
 
-from ._builder import Build, BuildState, join, shutdown
+from ._builder import Build, BuildState, BuildTimeoutError, join, shutdown
 from ._config import ConfigError, settings
 from ._families import OpFamily, model_configured, model_created, register_family, unregister_family
 from ._late import LateCompile, LateCompileError, late_compiles
@@ -48,6 +48,7 @@ __all__ = [
     "Build",
     "BuildConfig",
     "BuildState",
+    "BuildTimeoutError",
     "ConfigError",
     "DynamicSpec",
     "GraphCaptureDuringBuild",

@@ -14,6 +14,11 @@ Concurrency model:
     (``Future.set_running_or_notify_cancel``), so a cancelled build never runs.
   * A build that raises is marked failed, logged once with its traceback and counted; its future holds the
     exception, which buildops never re-raises into an op's call: the op compiles on first use instead.
+  * A build that runs longer than ``BUILDOPS_BUILD_TIMEOUT`` is given up: a watchdog thread marks it failed
+    (:class:`BuildTimeoutError` on its future), so the op's calls and joins stop waiting for it, and starts a
+    worker in place of the one still inside it. A thread cannot be stopped: when the run returns, its outcome
+    is dropped (a compile that did finish is in the library's cache, where the op's first use finds it) and the
+    thread ends.
   * While it has builds queued or running, the builder holds the GIL's short switch interval (``_gil``): its
     threads run Python beside an engine's threads that hand the GIL back at every CUDA call or file read.
   * After ``os.fork`` the child forgets the parent's builder (its threads do not exist there, its locks may be
@@ -38,7 +43,8 @@ from . import _gil
 from ._config import settings
 from ._node import node_claims
 
-__all__ = ["Build", "BuildRecord", "BuildState", "Builder", "OpStats", "default_builder", "join", "shutdown"]
+__all__ = ["Build", "BuildRecord", "BuildState", "BuildTimeoutError", "Builder", "OpStats", "default_builder",
+           "join", "shutdown"]
 
 logger = logging.getLogger("buildops")
 
@@ -81,6 +87,10 @@ class Build:
 
     def describe(self) -> str:
         return self.label or repr(self.key)
+
+
+class BuildTimeoutError(TimeoutError):
+    """A build ran longer than ``BUILDOPS_BUILD_TIMEOUT`` and was given up (its future's exception)."""
 
 
 class BuildState(enum.Enum):
@@ -130,6 +140,9 @@ class _Record:
     error: BaseException | None = None
     settled: bool = False  # finished or cancelled: no longer counted in flight
     queued: float = 0.0  # time.monotonic() when it last joined a queue (serial builds)
+    deadline: float | None = None  # time.monotonic() at which it is given up, while it runs with a timeout
+    thread: threading.Thread | None = None  # the worker running it
+    given_up: bool = False  # timed out: its run's outcome, whenever it comes, is dropped
 
 
 class Builder:
@@ -150,6 +163,9 @@ class Builder:
         self._in_flight = 0  # records queued or building
         self._closed = False
         self._claims = node_claims()
+        self._running: set[_Record] = set()  # records whose run has a deadline (under the lock)
+        self._watchdog: threading.Thread | None = None
+        self._watch_changed = threading.Condition(self._lock)  # a deadline set, or closing
         self.waiting_ops: set = set()  # ops with calls that may wait on builds; forgotten after a fork
 
     # -- submitting -------------------------------------------------------------------------------------------
@@ -181,10 +197,7 @@ class Builder:
                     from ._capture import install_guard  # here, not at import: only processes with GPU builds
                     install_guard()
                 if build.serial and self._serial_worker is None:
-                    worker = threading.Thread(target=self._work, args=(self._next_serial, self._requeue_serial),
-                                              name="buildops-serial", daemon=True)
-                    worker.start()
-                    self._serial_worker = worker
+                    self._start_serial_worker_locked()
                 elif not build.serial and len(self._workers) < self.threads:
                     self._start_worker()
             except BaseException:  # nothing was queued: no longer in flight
@@ -198,6 +211,12 @@ class Builder:
                 return record.future
         self._queue.put(record)
         return record.future
+
+    def _start_serial_worker_locked(self) -> None:
+        worker = threading.Thread(target=self._work, args=(self._next_serial, self._requeue_serial),
+                                  name="buildops-serial", daemon=True)
+        worker.start()
+        self._serial_worker = worker
 
     def _start_worker(self) -> None:
         name = f"buildops-worker-{len(self._workers)}"
@@ -228,6 +247,8 @@ class Builder:
             finally:
                 if claim is not None:
                     claim.release()
+            if record.given_up:  # another worker took this one's place while it was stuck in the build
+                return
 
     def _queue_serial_locked(self, record: _Record) -> None:
         record.queued = time.monotonic()
@@ -280,21 +301,33 @@ class Builder:
                 self._serial_changed.notify_all()
             return
         start = time.perf_counter()
+        timeout = settings.build_timeout
         with self._lock:
             record.state = BuildState.BUILDING
             record.started = start
+            record.thread = threading.current_thread()
             self._busy += 1
+            if timeout > 0:
+                record.deadline = time.monotonic() + timeout
+                self._watch_locked(record)
         try:
             result = record.build.run()
         except BaseException as exc:  # a build's failure is the op's to handle by compiling on first use
-            self._finish(record, time.perf_counter() - start, exc)
-            record.future.set_exception(exc)
+            if self._finish(record, time.perf_counter() - start, exc):
+                record.future.set_exception(exc)
         else:
-            self._finish(record, time.perf_counter() - start, None)
-            record.future.set_result(result)
+            if self._finish(record, time.perf_counter() - start, None):
+                record.future.set_result(result)
 
-    def _finish(self, record: _Record, seconds: float, error: BaseException | None) -> None:
+    def _finish(self, record: _Record, seconds: float, error: BaseException | None) -> bool:
+        """Count the run's outcome; False if the build was given up meanwhile (its future has its outcome)."""
         with self._lock:
+            self._running.discard(record)
+            if record.given_up:
+                logger.info("buildops: build %s of op %s, given up as timed out, ended after %.1f s (%s); its "
+                            "outcome is dropped", record.build.describe(), record.build.op, seconds,
+                            "failed" if error is not None else "built")
+                return False
             self._busy -= 1
             self._settle(record)
             self._serial_changed.notify_all()  # a serial build may have been waiting for this one
@@ -310,6 +343,7 @@ class Builder:
         if error is not None:
             logger.warning("buildops: build %s of op %s failed after %.2f s; the op will compile it on first use",
                            record.build.describe(), record.build.op, seconds, exc_info=error)
+        return True
 
     def _settle(self, record: _Record) -> None:
         """Count ``record`` out of the builds in flight, once (under the lock)."""
@@ -322,6 +356,57 @@ class Builder:
         self._in_flight -= 1
         if self._in_flight == 0:
             _gil.release()
+
+    # -- giving up on builds that run too long ----------------------------------------------------------------
+
+    def _watch_locked(self, record: _Record) -> None:
+        self._running.add(record)
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch, name="buildops-watchdog", daemon=True)
+            self._watchdog.start()
+        self._watch_changed.notify_all()
+
+    def _watch(self) -> None:
+        """The watchdog: sleeps until the earliest deadline of a running build, then gives up what is past it."""
+        while True:
+            with self._watch_changed:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                given_up = [self._give_up_locked(r) for r in list(self._running) if r.deadline <= now]
+                if not given_up:
+                    soonest = min((r.deadline for r in self._running), default=None)
+                    self._watch_changed.wait(None if soonest is None else soonest - now)
+                    continue
+            for record, error in given_up:  # outside the lock: the futures' callbacks (waits, joins) run here
+                logger.warning("%s; its op will compile it on first use", error)
+                record.future.set_exception(error)
+
+    def _give_up_locked(self, record: _Record) -> tuple[_Record, BuildTimeoutError]:
+        """Mark a build that ran past its deadline failed; the caller sets its future, outside the lock."""
+        self._running.discard(record)
+        seconds = time.perf_counter() - record.started
+        error = BuildTimeoutError(f"buildops: build {record.build.describe()} of op {record.build.op} ran "
+                                  f"{seconds:.0f} s, past BUILDOPS_BUILD_TIMEOUT; given up")
+        record.given_up = True
+        self._busy -= 1
+        self._settle(record)
+        self._serial_changed.notify_all()
+        record.seconds, record.error, record.state = seconds, error, BuildState.FAILED
+        stats = self._stats.setdefault(record.build.op, OpStats())
+        stats.build_seconds += seconds
+        stats.failed += 1
+        # A worker in place of the stuck one, so that the queue keeps its workers; the stuck one ends once its
+        # run returns, if ever.
+        if record.build.serial:
+            if self._serial_worker is record.thread:
+                self._serial_worker = None
+                if self._serial_pending:
+                    self._start_serial_worker_locked()
+        elif record.thread in self._workers:
+            self._workers.remove(record.thread)
+            self._start_worker()
+        return record, error
 
     # -- cancelling -------------------------------------------------------------------------------------------
 
@@ -475,6 +560,7 @@ class Builder:
             workers = list(self._workers)
             serial = self._serial_worker
             self._serial_changed.notify_all()  # it stops once its list is empty
+            self._watch_changed.notify_all()  # the watchdog stops
         for _ in workers:
             self._queue.put(None)
         if serial is not None:

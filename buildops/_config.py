@@ -184,6 +184,11 @@ _SETTINGS = {
         "BUILDOPS_SWITCH_INTERVAL_US", _parse_whole("microseconds"), lambda: 200,
         "The GIL's switch interval (microseconds) at most, while builds run; 0 leaves it alone.",
     ),
+    "build_timeout": _Setting(
+        "BUILDOPS_BUILD_TIMEOUT", _parse_seconds, lambda: 900.0,
+        "Seconds a build may run before it is given up as failed, so that a hung compile never holds an op's "
+        "calls or a join; its op compiles on first use. 0: no limit.",
+    ),
     "progress_after": _Setting(
         "BUILDOPS_PROGRESS_AFTER", _parse_seconds, lambda: 1.0,
         "Seconds a join waits before it shows a progress bar.",

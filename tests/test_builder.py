@@ -328,3 +328,47 @@ def test_a_claim_that_raises_builds_the_key_unshared(caplog):
         assert "claiming build" in caplog.text
     finally:
         builder.shutdown()
+
+
+def test_a_build_past_the_timeout_is_given_up_and_another_worker_takes_its_place(runs, caplog):
+    gate = threading.Event()
+    builder = Builder(threads=1)
+    with settings.scope(build_timeout=0.2):
+        stuck = builder.submit(runs.build("op", "stuck", gate=gate))
+        with pytest.raises(buildops.BuildTimeoutError, match="build 'stuck' of op op ran 0 s, past BUILDOPS_BUILD"):
+            stuck.result(WAIT)
+        assert builder.join(timeout=WAIT) and builder.state("stuck") is BuildState.FAILED
+        assert "will compile it on first use" in caplog.text
+        after = builder.submit(runs.build("op", "after"))
+        assert after.result(WAIT) == "after"  # a new worker, though the only one is still inside "stuck"
+    [old] = [t for t in threading.enumerate() if t.name == "buildops-worker-0" and t not in builder._workers]
+    gate.set()
+    old.join(WAIT)
+    assert not old.is_alive() and len(builder._workers) == 1  # it ended once its run returned
+    assert builder.state("stuck") is BuildState.FAILED  # its late outcome is dropped
+    assert builder.stats()["op"].failed == 1 and builder.stats()["op"].built == 1
+    builder.shutdown()
+
+
+def test_a_serial_build_past_the_timeout_lets_the_next_serial_build_run(runs):
+    gate = threading.Event()
+    builder = Builder(threads=1)
+    with settings.scope(build_timeout=0.2):
+        stuck = builder.submit(replace(runs.build("op", "tune-1", gate=gate), serial=True))
+        nxt = builder.submit(replace(runs.build("op", "tune-2"), serial=True))
+        with pytest.raises(buildops.BuildTimeoutError):
+            stuck.result(WAIT)
+        assert nxt.result(WAIT) == "tune-2"
+    gate.set()
+    builder.shutdown()
+
+
+def test_no_build_timeout_with_zero(runs):
+    gate = threading.Event()
+    builder = Builder(threads=1)
+    with settings.scope(build_timeout=0):
+        future = builder.submit(runs.build("op", "slow", gate=gate))
+        assert not builder.join(timeout=0.3) and builder._watchdog is None
+    gate.set()
+    assert future.result(WAIT) == "slow"
+    builder.shutdown()

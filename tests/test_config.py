@@ -23,6 +23,7 @@ from conftest import WAIT
     ("BUILDOPS_GPU_RESERVE_MB", "\u00b2", "gpu_reserve_mb", "BUILDOPS_GPU_RESERVE_MB='\u00b2': expected a whole"),
     ("BUILDOPS_TRITON_TARGET", "cuda:\u00b2", "triton_target", "BUILDOPS_TRITON_TARGET='cuda:\u00b2': expected"),
     ("BUILDOPS_NODE_LOCKS", "locks", "node_locks", "BUILDOPS_NODE_LOCKS='locks': expected an absolute directory"),
+    ("BUILDOPS_BUILD_TIMEOUT", "10m", "build_timeout", "BUILDOPS_BUILD_TIMEOUT='10m': expected a number of seconds"),
 ])
 def test_bad_settings_name_the_variable(monkeypatch, variable, value, attribute, message):
     monkeypatch.setenv(variable, value)
@@ -71,7 +72,7 @@ def test_scope_overrides_and_restores(monkeypatch):
     with pytest.raises(ConfigError, match="BUILDOPS_THREADS='0'"):
         with settings.scope(threads=0):
             pass
-    known = ("autotune, deep_gemm_m, enabled, executor, gpu_reserve_mb, late_compile, node_locks, progress_after, "
+    known = ("autotune, build_timeout, deep_gemm_m, enabled, executor, gpu_reserve_mb, late_compile, node_locks, progress_after, "
              "switch_interval_us, threads, triton_target")
     with pytest.raises(ConfigError, match=f"unknown setting; known: {known}"):
         with settings.scope(thread=2):

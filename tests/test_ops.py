@@ -373,3 +373,17 @@ def test_an_op_assigned_into_a_class_is_a_method():
         assert torch.equal(model(torch.ones(2, 3)), torch.zeros(2, 3))
     assert recorded.dims("rms_forward") == [{"x.0": 2}]
     assert torch.equal(rms_forward(model, torch.ones(1, 3)), torch.full((1, 3), 2.0))  # called plainly, too
+
+
+def test_a_call_outside_a_pass_stops_waiting_for_a_hung_build_at_the_timeout(runs):
+    gate = threading.Event()
+    rmsnorm, _ = make_rmsnorm(runs, gate=gate)
+    x, w = torch.randn(4, 8), torch.ones(8)
+    with settings.scope(build_timeout=0.3):
+        with rehearsal("startup"):
+            rmsnorm(x, w)
+        assert runs.started.wait(WAIT)
+        out = rmsnorm(x, w)  # waits for the hung build until it is given up, then runs
+    assert torch.allclose(out, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    assert report().ops[0].failed == 1 and "BUILDOPS_BUILD_TIMEOUT" in report().failures[0][2]
+    gate.set()
