@@ -72,8 +72,8 @@ def test_scope_overrides_and_restores(monkeypatch):
     with pytest.raises(ConfigError, match="BUILDOPS_THREADS='0'"):
         with settings.scope(threads=0):
             pass
-    known = ("autotune, build_timeout, deep_gemm_m, enabled, executor, gpu_reserve_mb, late_compile, node_locks, progress_after, "
-             "switch_interval_us, threads, triton_target")
+    known = ("autotune, build_timeout, deep_gemm_m, enabled, executor, gpu_reserve_mb, late_compile, node_locks, "
+             "progress_after, switch_interval_us, threads, triton_target")
     with pytest.raises(ConfigError, match=f"unknown setting; known: {known}"):
         with settings.scope(thread=2):
             pass
