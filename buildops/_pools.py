@@ -38,8 +38,9 @@ def _refuse_while_importing_main() -> None:
                            "importing it; put that code under `if __name__ == \"__main__\":`")
 
 
-def _context(preload: Sequence[str]) -> multiprocessing.context.BaseContext:
-    """The forkserver, with ``preload`` added to what it imports when it starts, where the platform has one."""
+def _context(preload: Sequence[str], first: Sequence[str] = ()) -> multiprocessing.context.BaseContext:
+    """The forkserver, with ``first`` added before what it imports when it starts and ``preload`` after, where the
+    platform has one."""
     if not preload or "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     from multiprocessing import forkserver
@@ -50,7 +51,8 @@ def _context(preload: Sequence[str]) -> multiprocessing.context.BaseContext:
     # themselves, as spawned ones do.
     server = forkserver._forkserver
     current = list(getattr(server, "_preload_modules", ["__main__"]))
-    context.set_forkserver_preload(current + [m for m in preload if m not in current])
+    ours = [m for m in first if m not in current]
+    context.set_forkserver_preload(ours + current + [m for m in preload if m not in current and m not in ours])
     return context
 
 
@@ -63,14 +65,19 @@ class WorkerPool:
         initializer: run in each worker as it starts.
         warm_up: a task submitted once per worker when the pool starts, so that all of them start at once and
             :meth:`warm` can tell when they have (each runs ``initializer`` before its first task).
-        preload: modules the forkserver imports once, before it forks any worker (see the module docstring).
-            Their import must not raise anything but ImportError, which the forkserver ignores.
+        preload: modules the forkserver imports once, before it forks any worker (see the module docstring),
+            after the main module. Their import must not raise anything but ImportError, which the forkserver
+            ignores.
+        preload_first: modules it imports before the main module (with ``preload`` only): work begun there on a
+            thread overlaps the main module's imports. Any thread they start must end during ``preload``'s
+            imports: the forkserver forks workers once those are done.
     """
 
     def __init__(self, name: str, workers: Callable[[], int], initializer: Callable | None = None,
-                 warm_up: Callable[[], Any] | None = None, preload: Sequence[str] = ()) -> None:
+                 warm_up: Callable[[], Any] | None = None, preload: Sequence[str] = (),
+                 preload_first: Sequence[str] = ()) -> None:
         self.name, self._workers, self._initializer = name, workers, initializer
-        self._warm_up, self._preload = warm_up, tuple(preload)
+        self._warm_up, self._preload, self._preload_first = warm_up, tuple(preload), tuple(preload_first)
         self._lock = threading.Lock()  # held while the pool starts, which can take seconds (a forkserver's imports)
         self._launch_lock = threading.Lock()
         self._launcher: threading.Thread | None = None
@@ -93,7 +100,7 @@ class WorkerPool:
                     self._hooked = True
                 workers = self._workers()
                 pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=workers, mp_context=_context(self._preload),
+                    max_workers=workers, mp_context=_context(self._preload, self._preload_first),
                     initializer=self._initializer)
                 if self._warm_up is not None:
                     self._starting = [pool.submit(self._warm_up) for _ in range(workers)]
@@ -133,7 +140,7 @@ class WorkerPool:
             self._replace(pool)
         logger.warning("buildops: a %s worker crashed while it built %s (or another build beside it); retrying it "
                        "once in a worker of its own", self.name, what)
-        with concurrent.futures.ProcessPoolExecutor(1, mp_context=_context(self._preload),
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=_context(self._preload, self._preload_first),
                                                     initializer=self._initializer) as alone:
             try:
                 return alone.submit(fn, *args).result()

@@ -1,14 +1,31 @@
-"""Imported by the forkserver that forks Triton build workers (``WorkerPool(preload=...)``), never by users.
+"""Imported by the forkserver that forks Triton build workers (``WorkerPool(preload_first=...)``), never by users:
+first, before torch and ``_triton_warm``.
 
-Importing torch and Triton, and compiling one small kernel (a first compile hashes Triton's install and loads
-LLVM: 0.4-1 s), once in the forkserver means every worker forked from it starts with all of that done, instead of
-each paying seconds of CPU. A failure here only leaves workers to warm themselves; an exception escaping this
-import would kill the forkserver, so none does.
+Every worker forked from the forkserver starts with what it imported and computed, instead of each paying seconds
+of CPU. Here the forkserver imports Triton and starts hashing its install on a thread of its own (``triton_key``:
+Triton's sources and its libtriton, hundreds of MB; a first compile needs it). Reads and hashlib release the GIL,
+so the hash runs while the forkserver's main thread imports torch (seconds on the GPU host); before, it came after
+that import, inside the warm-up compile, and held up the workers' start. A failure here only leaves the hash to
+the warm-up compile; an exception escaping this import would kill the forkserver, so none does.
 """
 
-try:
-    from ._triton_worker import warm_up_compiler
+import threading
 
-    warm_up_compiler()
+
+def _hash_quietly() -> None:
+    try:
+        from triton.runtime.cache import triton_key
+
+        triton_key()  # cached for the process, and so for every worker forked from it
+    except Exception:  # noqa: BLE001 - see the docstring
+        pass
+
+
+hashing: threading.Thread | None = None
+try:
+    import triton.runtime.cache  # noqa: F401 - imported here, on the main thread: never two threads importing it
+
+    hashing = threading.Thread(target=_hash_quietly, name="buildops-hash-triton", daemon=True)
+    hashing.start()
 except Exception:  # noqa: BLE001 - see the docstring
-    pass
+    hashing = None

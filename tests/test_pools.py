@@ -74,3 +74,46 @@ def test_shutdown_with_a_timeout_does_not_wait_for_a_worker_still_building():
         assert building.result(30) == 5.0  # told to stop, the worker finishes its build and exits
     finally:
         pool.shutdown()
+
+
+def test_the_forkserver_imports_the_first_modules_before_the_others_and_keeps_what_was_asked():
+    from multiprocessing import forkserver
+
+    from buildops._pools import _context
+
+    server = forkserver._forkserver
+    saved = getattr(server, "_preload_modules", None)
+    try:
+        server._preload_modules = ["__main__", "someone_elses"]
+        _context(("torch", "late"), ("early",))
+        assert server._preload_modules == ["early", "__main__", "someone_elses", "torch", "late"]
+    finally:
+        if saved is None:
+            del server._preload_modules
+        else:
+            server._preload_modules = saved
+
+
+TRITON_PRELOAD = r"""
+import sys, threading
+from buildops._triton_pool import FORKSERVER_PRELOAD, FORKSERVER_PRELOAD_FIRST
+for name in FORKSERVER_PRELOAD_FIRST:  # as the forkserver does: in order, before the main module
+    __import__(name)
+from buildops import _triton_preload
+hashing_meanwhile = _triton_preload.hashing is not None and "torch" not in sys.modules
+for name in FORKSERVER_PRELOAD:
+    __import__(name)
+from triton.runtime.cache import triton_key
+from buildops import _triton_worker
+print(hashing_meanwhile, triton_key.cache_info().currsize, _triton_worker._warmed_for,
+      [t.name for t in threading.enumerate() if t.name.startswith("buildops")])
+"""
+
+
+def test_the_triton_forkserver_hashes_triton_beside_the_torch_import_and_forks_warm_with_no_thread(tmp_path):
+    import subprocess
+    import sys
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"), CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-c", TRITON_PRELOAD], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.stdout.split("\n")[0] == "True 1 ('cuda', 90, 32) []", done.stderr[-3000:]
