@@ -68,6 +68,9 @@ class Build:
         autotuning for its compiles), which reports count apart from its own time.
       * ``after`` (serial builds only) names the keys of normal builds this one needs done: the serial worker
         runs it once they are (keys never submitted, or cancelled, count as done). ``run`` need not wait itself.
+      * ``run`` may have an ``abandon()`` method: called once, on the watchdog's thread and under no lock, when
+        the build is given up as timed out, to stop what can be stopped (a worker process stuck in it), so that
+        the run returns or raises soon. Its outcome is dropped either way.
     """
 
     op: str
@@ -86,11 +89,17 @@ class Build:
                              f"after (a normal build waiting for others could hold every worker)")
 
     def describe(self) -> str:
-        return self.label or repr(self.key)
+        if self.label:
+            return self.label
+        try:
+            return repr(self.key)
+        except Exception:  # noqa: BLE001 - a key whose repr raises still gets logged and given up
+            return f"<{type(self.key).__name__} key>"
 
 
-class BuildTimeoutError(TimeoutError):
-    """A build ran longer than ``BUILDOPS_BUILD_TIMEOUT`` and was given up (its future's exception)."""
+class BuildTimeoutError(RuntimeError):
+    """A build ran longer than ``BUILDOPS_BUILD_TIMEOUT`` and was given up (its future's exception). Not a
+    ``TimeoutError``: a wait that ran out of time is not a build that did."""
 
 
 class BuildState(enum.Enum):
@@ -140,9 +149,12 @@ class _Record:
     error: BaseException | None = None
     settled: bool = False  # finished or cancelled: no longer counted in flight
     queued: float = 0.0  # time.monotonic() when it last joined a queue (serial builds)
+    timeout: float = 0.0  # BUILDOPS_BUILD_TIMEOUT when it was submitted (0: none)
     deadline: float | None = None  # time.monotonic() at which it is given up, while it runs with a timeout
     thread: threading.Thread | None = None  # the worker running it
     given_up: bool = False  # timed out: its run's outcome, whenever it comes, is dropped
+    claim: Any = None  # its claim on the key across the node, while it is built here
+    refused_since: float | None = None  # time.monotonic() when another process of the node first held its key
 
 
 class Builder:
@@ -164,6 +176,8 @@ class Builder:
         self._closed = False
         self._claims = node_claims()
         self._running: set[_Record] = set()  # records whose run has a deadline (under the lock)
+        self._stuck: set[_Record] = set()  # given up as timed out, their runs not yet returned
+        self._started_workers = 0  # for worker names: one that replaced a stuck one gets a new name
         self._watchdog: threading.Thread | None = None
         self._watch_changed = threading.Condition(self._lock)  # a deadline set, or closing
         self.waiting_ops: set = set()  # ops with calls that may wait on builds; forgotten after a fork
@@ -172,6 +186,7 @@ class Builder:
 
     def submit(self, build: Build, owner: object = None) -> concurrent.futures.Future:
         """Queue ``build`` unless its key is already queued, building or built; return the key's future."""
+        timeout = settings.build_timeout  # here: a bad value raises to the caller, with nothing queued
         with self._lock:
             if self._closed:
                 raise RuntimeError("buildops: this builder was shut down; submit to the current one "
@@ -203,7 +218,7 @@ class Builder:
             except BaseException:  # nothing was queued: no longer in flight
                 self._count_out_locked()
                 raise
-            record = _Record(build, concurrent.futures.Future(), {owner}, {build.op})
+            record = _Record(build, concurrent.futures.Future(), {owner}, {build.op}, timeout=timeout)
             self._records[build.key] = record
             self._history.append(record)
             if build.serial:
@@ -219,7 +234,8 @@ class Builder:
         self._serial_worker = worker
 
     def _start_worker(self) -> None:
-        name = f"buildops-worker-{len(self._workers)}"
+        name = f"buildops-worker-{self._started_workers}"
+        self._started_workers += 1
         thread = threading.Thread(target=self._work, args=(self._queue.get, self._queue.put), name=name,
                                   daemon=True)
         self._workers.append(thread)
@@ -231,24 +247,46 @@ class Builder:
             record = take()
             if record is None:
                 return
-            claim = None
             if self._claims is not None and record.build.shared and not record.future.cancelled():
                 try:
-                    claim = self._claims.try_claim(record.build.key, wait=0.05)
+                    record.claim = self._claims.try_claim(record.build.key, wait=0.05)
                 except Exception:  # noqa: BLE001 - a claim is an optimisation: build it here, unshared
                     logger.warning("buildops: claiming build %s of op %s across the node failed; building it here",
                                    record.build.describe(), record.build.op, exc_info=True)
                 else:
-                    if claim is None:  # another process of this node is building it: build something else first
+                    # Another process of this node is building it: build something else first, unless it has held
+                    # the key past the timeout (stuck, as this process's watchdog would have given it up).
+                    if record.claim is None and not self._held_too_long(record):
                         put_back(record)
                         continue
             try:
                 self._run(record)
             finally:
-                if claim is not None:
-                    claim.release()
+                self._release_claim(record)
             if record.given_up:  # another worker took this one's place while it was stuck in the build
                 return
+
+    @staticmethod
+    def _held_too_long(record: _Record) -> bool:
+        now = time.monotonic()
+        if record.refused_since is None:
+            record.refused_since = now
+        if record.timeout <= 0 or now - record.refused_since <= record.timeout:
+            return False
+        logger.warning("buildops: another process of this node has held build %s of op %s for over %.0f s "
+                       "(BUILDOPS_BUILD_TIMEOUT); building it here", record.build.describe(), record.build.op,
+                       record.timeout)
+        return True
+
+    def _release_claim(self, record: _Record) -> None:
+        """Release the record's node claim once, whichever of its worker and the watchdog comes first."""
+        with self._lock:
+            claim, record.claim = record.claim, None
+        if claim is not None:
+            try:
+                claim.release()
+            except Exception:  # noqa: BLE001 - the lock file's descriptor closes with the process anyway
+                logger.debug("buildops: releasing the claim on %s failed", record.build.describe(), exc_info=True)
 
     def _queue_serial_locked(self, record: _Record) -> None:
         record.queued = time.monotonic()
@@ -301,14 +339,13 @@ class Builder:
                 self._serial_changed.notify_all()
             return
         start = time.perf_counter()
-        timeout = settings.build_timeout
         with self._lock:
             record.state = BuildState.BUILDING
             record.started = start
             record.thread = threading.current_thread()
             self._busy += 1
-            if timeout > 0:
-                record.deadline = time.monotonic() + timeout
+            if record.timeout > 0:
+                record.deadline = time.monotonic() + record.timeout
                 self._watch_locked(record)
         try:
             result = record.build.run()
@@ -322,13 +359,16 @@ class Builder:
     def _finish(self, record: _Record, seconds: float, error: BaseException | None) -> bool:
         """Count the run's outcome; False if the build was given up meanwhile (its future has its outcome)."""
         with self._lock:
-            self._running.discard(record)
+            self._busy -= 1
+            if record in self._running:
+                self._running.discard(record)
+                self._watch_changed.notify_all()  # the watchdog may be waiting for the last run to end
             if record.given_up:
+                self._stuck.discard(record)
                 logger.info("buildops: build %s of op %s, given up as timed out, ended after %.1f s (%s); its "
                             "outcome is dropped", record.build.describe(), record.build.op, seconds,
                             "failed" if error is not None else "built")
                 return False
-            self._busy -= 1
             self._settle(record)
             self._serial_changed.notify_all()  # a serial build may have been waiting for this one
             record.seconds = seconds
@@ -367,29 +407,46 @@ class Builder:
         self._watch_changed.notify_all()
 
     def _watch(self) -> None:
-        """The watchdog: sleeps until the earliest deadline of a running build, then gives up what is past it."""
+        """The watchdog: sleeps until the earliest deadline of a running build, then gives up what is past it.
+        It ends once the builder is shut down and no run it watches is left."""
         while True:
             with self._watch_changed:
-                if self._closed:
+                if self._closed and not self._running:
+                    self._watchdog = None
                     return
                 now = time.monotonic()
-                given_up = [self._give_up_locked(r) for r in list(self._running) if r.deadline <= now]
+                given_up = []
+                for record in [r for r in self._running if r.deadline <= now]:
+                    try:
+                        given_up.append(self._give_up_locked(record))
+                    except Exception:  # noqa: BLE001 - one record must not stop the watchdog for the others
+                        self._running.discard(record)
+                        logger.exception("buildops: giving up a timed-out build failed")
                 if not given_up:
                     soonest = min((r.deadline for r in self._running), default=None)
-                    self._watch_changed.wait(None if soonest is None else soonest - now)
+                    wait = None if soonest is None else min(soonest - now, threading.TIMEOUT_MAX)
+                    self._watch_changed.wait(wait)
                     continue
             for record, error in given_up:  # outside the lock: the futures' callbacks (waits, joins) run here
                 logger.warning("%s; its op will compile it on first use", error)
                 record.future.set_exception(error)
+                self._release_claim(record)  # other processes of the node build the key now
+                abandon = getattr(record.build.run, "abandon", None)
+                if abandon is not None:
+                    try:
+                        abandon()
+                    except Exception:  # noqa: BLE001 - the build is given up already; the stuck run stays stuck
+                        logger.warning("buildops: stopping given-up build %s failed", record.build.describe(),
+                                       exc_info=True)
 
     def _give_up_locked(self, record: _Record) -> tuple[_Record, BuildTimeoutError]:
         """Mark a build that ran past its deadline failed; the caller sets its future, outside the lock."""
-        self._running.discard(record)
         seconds = time.perf_counter() - record.started
         error = BuildTimeoutError(f"buildops: build {record.build.describe()} of op {record.build.op} ran "
-                                  f"{seconds:.0f} s, past BUILDOPS_BUILD_TIMEOUT; given up")
+                                  f"{seconds:.1f} s, past BUILDOPS_BUILD_TIMEOUT={record.timeout:g}; given up")
+        self._running.discard(record)
+        self._stuck.add(record)  # still running: GPU ones still count for graph capture (gpu_pending)
         record.given_up = True
-        self._busy -= 1
         self._settle(record)
         self._serial_changed.notify_all()
         record.seconds, record.error, record.state = seconds, error, BuildState.FAILED
@@ -405,7 +462,8 @@ class Builder:
                     self._start_serial_worker_locked()
         elif record.thread in self._workers:
             self._workers.remove(record.thread)
-            self._start_worker()
+            if not self._closed:
+                self._start_worker()
         return record, error
 
     # -- cancelling -------------------------------------------------------------------------------------------
@@ -534,12 +592,18 @@ class Builder:
             return self._busy
 
     def gpu_pending(self) -> list[Build]:
-        """The GPU builds queued or running now."""
+        """The GPU builds queued or running now, those given up as timed out whose runs still run included."""
         with self._lock:
             # A queued build whose owner cancelled its future never runs: join() does not wait for it either.
-            return [r.build for r in self._records.values()
-                    if r.build.uses_gpu and (r.state is BuildState.BUILDING
-                                             or r.state is BuildState.QUEUED and not r.future.cancelled())]
+            pending = [r.build for r in self._records.values()
+                       if r.build.uses_gpu and (r.state is BuildState.BUILDING
+                                                or r.state is BuildState.QUEUED and not r.future.cancelled())]
+            return pending + [r.build for r in self._stuck if r.build.uses_gpu and r.build not in pending]
+
+    def stuck_gpu_builds(self) -> list[Build]:
+        """GPU builds given up as timed out whose runs have not returned: no join waits for them."""
+        with self._lock:
+            return [r.build for r in self._stuck if r.build.uses_gpu]
 
     @property
     def workers(self) -> int:
@@ -560,7 +624,7 @@ class Builder:
             workers = list(self._workers)
             serial = self._serial_worker
             self._serial_changed.notify_all()  # it stops once its list is empty
-            self._watch_changed.notify_all()  # the watchdog stops
+            self._watch_changed.notify_all()  # the watchdog ends once no run it watches is left
         for _ in workers:
             self._queue.put(None)
         if serial is not None:

@@ -24,9 +24,19 @@ class GraphCaptureDuringBuild(RuntimeError):
 
 
 def prepare_graph_capture(timeout: float | None = None) -> None:
-    """Wait for every GPU build, so that a CUDA graph capture can begin; raises TimeoutError past ``timeout``."""
+    """Wait for every GPU build, so that a CUDA graph capture can begin; raises TimeoutError past ``timeout``, and
+    :class:`GraphCaptureDuringBuild` if a GPU build given up as timed out (``BUILDOPS_BUILD_TIMEOUT``) still runs:
+    no wait ends it, and a capture beside it could take in its work."""
     if not join(gpu_only=True, timeout=timeout):
         raise TimeoutError(f"buildops: GPU builds still running after {timeout} s; not safe to capture a graph yet")
+    builder = current_builder()
+    stuck = builder.stuck_gpu_builds() if builder is not None else []
+    if stuck:
+        ops = ", ".join(sorted({build.op for build in stuck}))
+        raise GraphCaptureDuringBuild(
+            f"buildops: {len(stuck)} GPU build(s) given up as timed out still run (ops: {ops}); a CUDA graph "
+            f"captured now could take in their work. Find why they hang (the log names them), or capture without "
+            f"buildops (BUILDOPS=0)")
 
 
 _installed = False

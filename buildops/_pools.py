@@ -68,9 +68,10 @@ class WorkerPool:
         preload: modules the forkserver imports once, before it forks any worker (see the module docstring),
             after the main module. Their import must not raise anything but ImportError, which the forkserver
             ignores.
-        preload_first: modules it imports before the main module (with ``preload`` only): work begun there on a
-            thread overlaps the main module's imports. Any thread they start must end during ``preload``'s
-            imports: the forkserver forks workers once those are done.
+        preload_first: modules it imports before ``preload`` (with ``preload`` only): work begun there on a
+            thread overlaps ``preload``'s imports. Any thread they start must end during those imports: the
+            forkserver forks workers once they are done. The main module, where the forkserver imports it, comes
+            between the two (Python 3.11 and 3.12 do not import it there; newer ones, before both).
     """
 
     def __init__(self, name: str, workers: Callable[[], int], initializer: Callable | None = None,
@@ -129,15 +130,17 @@ class WorkerPool:
         """True once the workers have started and every one warmed up without error."""
         return self._pool is not None and all(f.done() and f.exception() is None for f in self._starting)
 
-    def run(self, what: str, fn: Callable, *args: Any) -> Any:
+    def run(self, what: str, fn: Callable, *args: Any, given_up: threading.Event | None = None) -> Any:
         """``fn(*args)`` in a worker. When a worker crashes, every call in flight on the pool fails with it, so
         each is retried once, alone in a worker of its own: only the call that crashed it crashes again, and
-        then it raises."""
+        then it raises. A call whose ``given_up`` is set by then (see :meth:`stop_workers`) raises instead."""
         pool = self.get()
         try:
             return pool.submit(fn, *args).result()
         except concurrent.futures.process.BrokenProcessPool:
             self._replace(pool)
+        if given_up is not None and given_up.is_set():
+            raise RuntimeError(f"buildops: {what} was given up, and its {self.name} worker stopped")
         logger.warning("buildops: a %s worker crashed while it built %s (or another build beside it); retrying it "
                        "once in a worker of its own", self.name, what)
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=_context(self._preload, self._preload_first),
@@ -146,6 +149,20 @@ class WorkerPool:
                 return alone.submit(fn, *args).result()
             except concurrent.futures.process.BrokenProcessPool:
                 raise RuntimeError(f"buildops: {self.name} worker crashed twice building {what}") from None
+
+    def stop_workers(self) -> None:
+        """Kill every worker now, for a call its caller gave up while a worker is stuck in it (a worker cannot be
+        told to drop one task, and a stuck one would hold its place and keep the process from exiting). The
+        other calls in flight fail over as after a crash: each is retried alone."""
+        with self._lock:
+            pool = self._pool
+        if pool is None:
+            return
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            try:
+                process.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
     def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
         with self._lock:

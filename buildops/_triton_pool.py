@@ -9,11 +9,12 @@ from ._triton_worker import ready, start
 
 __all__ = ["FORKSERVER_PRELOAD", "FORKSERVER_PRELOAD_FIRST", "workers"]
 
-# What the forkserver that forks the workers imports: Triton, with its install's hash begun on a thread; torch,
-# meanwhile; then a first compile, once that hash is done. Python's forkserver imports its preload list in order;
-# "__main__", the default, stays between the two, though Python 3.11 and 3.12 import no main module there.
+# What the forkserver that forks the workers imports: Triton, with its install's hash begun on a thread; then
+# torch, meanwhile, and a first compile once that hash is done. Python's forkserver imports its preload list in
+# order, "__main__" (the default, kept between the two) aside: Python 3.11 and 3.12 import no main module there,
+# newer ones import it before the whole list.
 FORKSERVER_PRELOAD_FIRST = ("buildops._triton_preload",)
-FORKSERVER_PRELOAD = ("torch", "buildops._triton_warm")
+FORKSERVER_PRELOAD = ("buildops._triton_warm",)
 
 # Workers learn the target with each build, not when they start: starting them (maybe before the engine picked its
 # GPU) must not initialise CUDA in this process, which asking for the target does.

@@ -1,5 +1,5 @@
 """Imported by the forkserver that forks Triton build workers (``WorkerPool(preload_first=...)``), never by users:
-first, before torch and ``_triton_warm``.
+first, before ``_triton_warm``, which imports torch and ends the thread begun here.
 
 Every worker forked from the forkserver starts with what it imported and computed, instead of each paying seconds
 of CPU. Here the forkserver imports Triton and starts hashing its install on a thread of its own (``triton_key``:

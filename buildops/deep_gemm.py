@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -163,13 +164,21 @@ class _GemmRun:
     shape: GemmShape
     ms: tuple[int, ...]
     device: str
+    given_up: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+
+    def abandon(self) -> None:
+        """Given up as timed out (``Build`` contract): stop the workers if the run is stuck in one."""
+        self.given_up.set()
+        if settings.executor != "threads":
+            _pool.stop_workers()
 
     def __call__(self) -> None:
         reserve = settings.gpu_reserve_mb  # read here: a worker process does not see this process's overrides
         if settings.executor == "threads":
             run_shape(self.module, self.shape, self.ms, self.device, reserve)
             return
-        _pool.run(str(self.shape), run_shape_in_worker, self.module, self.shape, self.ms, self.device, reserve)
+        _pool.run(str(self.shape), run_shape_in_worker, self.module, self.shape, self.ms, self.device, reserve,
+                  given_up=self.given_up)
 
 
 def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int) -> int:

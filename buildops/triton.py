@@ -217,12 +217,24 @@ class _WarmupRun:
 
     def __init__(self, jit: JITFunction, args: tuple, kwargs: dict, device: int, the_target: GPUTarget) -> None:
         self.jit, self.args, self.kwargs, self.device, self.target = jit, args, kwargs, device, the_target
+        self.given_up = threading.Event()
+        self._in_worker = False
+
+    def abandon(self) -> None:
+        """Given up as timed out (``Build`` contract): stop the workers if the compile is stuck in one."""
+        self.given_up.set()
+        if self._in_worker:
+            _processes.stop_workers()
 
     def __call__(self) -> Any:
         if triton_executor() == "processes":
             reference = _picklable_reference(self.jit, self.args, self.kwargs)
             if reference is not None:
-                _compile_in_process(reference, self.args, self.kwargs, self.target)
+                self._in_worker = True
+                try:
+                    _compile_in_process(reference, self.args, self.kwargs, self.target, self.given_up)
+                finally:
+                    self._in_worker = False
         # Only now: the warmup here needs Triton's install hashed, the worker's compile did not, and the first
         # builds of a start used to wait for the hashing (0.3-0.4 s on the GPU host) before they reached a worker.
         hash_triton_install()
@@ -244,24 +256,45 @@ def _make_launcher(kernel: Any) -> None:
     lock, that held up every other load. Since 3.7 it is generic and this costs microseconds. ``_init_handles``
     makes it again, a cache hit now, and raises there if it must.
 
-    Variants of one kernel mostly share a signature, and so a launcher: builder threads that reached it together
-    each compiled it (20 host compiles in a start of the tiny LLM, for 9 launchers; 2.5 s of CPU beside its load).
+    Variants of one kernel mostly share a launcher: builder threads that reached it together each compiled it (20
+    host compiles in a start of the tiny LLM, for 9 launchers; 2.5 s of CPU beside its load).
     One thread per signature makes it; the others wait, then find it in Triton's cache. The key only decides who
     waits for whom, never what is built, so a key that misses a difference Triton's launcher source makes merely
     serializes two launchers."""
-    with _launcher_lock(_launcher_key(kernel)):
-        try:
-            driver.active.launcher_cls(kernel.src, kernel.metadata)
-        except Exception:  # noqa: BLE001 - see the docstring
-            logger.debug("buildops: making the launcher of %s ahead of its load failed",
-                         getattr(kernel, "name", kernel), exc_info=True)
+    try:
+        lock = _launcher_lock(_launcher_key(kernel))
+    except Exception:  # noqa: BLE001 - an unexpected kernel: make its launcher without waiting for others
+        lock = threading.Lock()
+    # Bounded: a host compiler that hangs must hold up the other variants of its signature no longer than it
+    # would have held each of them; past the bound, each makes the launcher itself, as without the lock.
+    locked = lock.acquire(timeout=LAUNCHER_WAIT_SECONDS)
+    try:
+        driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001 - see the docstring
+        logger.debug("buildops: making the launcher of %s ahead of its load failed",
+                     getattr(kernel, "name", kernel), exc_info=True)
+    finally:
+        if locked:
+            lock.release()
+
+
+# How long a build waits for another thread making the launcher of its signature before it makes its own.
+LAUNCHER_WAIT_SECONDS = 60.0
 
 
 def _launcher_key(kernel: Any) -> str:
-    """What a launcher's C source depends on: the argument types (the signature's values: its keys, the argument
-    names, are not in the source) and tensor descriptors; not the constants that tell one variant from another."""
+    """What a launcher's C source depends on, from the signature's values (the argument names, its keys, are not
+    in the source): the scalar types, and which arguments are pointers, whatever they point to (Triton 3.6 passes
+    every pointer alike); whether each tensor descriptor has metadata. Not the constants that tell one variant from
+    another."""
+    def kind(arg_type: Any) -> Any:
+        if isinstance(arg_type, tuple):
+            return tuple(kind(t) for t in arg_type)
+        return "*" if isinstance(arg_type, str) and arg_type.startswith("*") else arg_type
     signature = getattr(getattr(kernel, "src", None), "signature", None) or {}
-    return repr((tuple(signature.values()), getattr(kernel.metadata, "tensordesc_meta", None)))
+    descriptors = getattr(kernel.metadata, "tensordesc_meta", None)
+    return repr((tuple(kind(t) for t in signature.values()),
+                 None if descriptors is None else tuple(m is None for m in descriptors)))
 
 
 def _launcher_lock(key: str) -> threading.Lock:
@@ -287,9 +320,11 @@ _triton_key_lock = threading.Lock()
 
 def _new_locks_after_fork() -> None:
     # A forked child has none of this process's threads: a lock that one of them held would stay held there.
-    global _load_lock, _triton_key_lock, _launcher_locks, _launcher_locks_lock
+    global _load_lock, _triton_key_lock, _launcher_locks, _launcher_locks_lock, _driver_lock, _patch_lock
+    global _listed_lock
     _load_lock, _triton_key_lock = threading.Lock(), threading.Lock()
     _launcher_locks, _launcher_locks_lock = {}, threading.Lock()
+    _driver_lock, _patch_lock, _listed_lock = threading.Lock(), threading.Lock(), threading.Lock()
 
 
 os.register_at_fork(after_in_child=_new_locks_after_fork)
@@ -320,13 +355,15 @@ def _picklable_reference(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[s
     return module, qualname
 
 
-def _compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict, the_target: GPUTarget) -> None:
+def _compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict, the_target: GPUTarget,
+                        given_up: threading.Event | None = None) -> None:
     """Compile in a worker process (crashes: see ``WorkerPool.run``); a kernel the worker cannot import is left to
     the calling thread's own warmup."""
     module, qualname = reference
     try:
         _processes.run(f"{module}.{qualname}", _triton_worker.compile_variant, module, qualname, args, kwargs,
-                       knobs.cache.dir, (the_target.backend, the_target.arch, the_target.warp_size))
+                       knobs.cache.dir, (the_target.backend, the_target.arch, the_target.warp_size),
+                       given_up=given_up)
     except (ImportError, AttributeError):
         logger.debug("buildops: worker cannot import %s.%s; building it in a thread", module, qualname,
                      exc_info=True)

@@ -335,13 +335,16 @@ def test_a_build_past_the_timeout_is_given_up_and_another_worker_takes_its_place
     builder = Builder(threads=1)
     with settings.scope(build_timeout=0.2):
         stuck = builder.submit(runs.build("op", "stuck", gate=gate))
-        with pytest.raises(buildops.BuildTimeoutError, match="build 'stuck' of op op ran 0 s, past BUILDOPS_BUILD"):
+        assert runs.started.wait(WAIT)
+        [old] = builder._workers
+        with pytest.raises(buildops.BuildTimeoutError,
+                           match=r"build 'stuck' of op op ran 0\.\d s, past BUILDOPS_BUILD_TIMEOUT=0\.2; given up"):
             stuck.result(WAIT)
         assert builder.join(timeout=WAIT) and builder.state("stuck") is BuildState.FAILED
         assert "will compile it on first use" in caplog.text
         after = builder.submit(runs.build("op", "after"))
         assert after.result(WAIT) == "after"  # a new worker, though the only one is still inside "stuck"
-    [old] = [t for t in threading.enumerate() if t.name == "buildops-worker-0" and t not in builder._workers]
+    assert old not in builder._workers and builder.busy == 1  # the stuck run still counts as running
     gate.set()
     old.join(WAIT)
     assert not old.is_alive() and len(builder._workers) == 1  # it ended once its run returned
@@ -371,4 +374,129 @@ def test_no_build_timeout_with_zero(runs):
         assert not builder.join(timeout=0.3) and builder._watchdog is None
     gate.set()
     assert future.result(WAIT) == "slow"
+    builder.shutdown()
+
+
+def test_a_given_up_build_is_abandoned_so_a_worker_process_stuck_in_it_stops(caplog):
+    import logging
+
+    import pool_tasks
+
+    from buildops._pools import WorkerPool
+
+    pool = WorkerPool("test", lambda: 1)
+
+    class StuckInAWorker:
+        def __init__(self):
+            self.given_up = threading.Event()
+
+        def abandon(self):
+            self.given_up.set()
+            pool.stop_workers()
+
+        def __call__(self):
+            return pool.run("stuck", pool_tasks.slow, 600, given_up=self.given_up)
+
+    caplog.set_level(logging.INFO, logger="buildops")
+    builder = Builder(threads=1)
+    try:
+        with settings.scope(build_timeout=1.0):
+            future = builder.submit(Build("op", "stuck", StuckInAWorker()))
+            with pytest.raises(buildops.BuildTimeoutError):
+                future.result(WAIT * 6)
+        threads = [t for t in threading.enumerate() if t.name == "buildops-worker-0" and t not in builder._workers]
+        for thread in threads:
+            thread.join(WAIT * 3)
+        assert threads and not any(t.is_alive() for t in threads)  # its run raised once its worker was stopped
+        assert "ended after" in caplog.text  # ... and that outcome was dropped
+    finally:
+        builder.shutdown()
+        pool.stop_workers()  # whatever happened: a worker left in the 600 s task would hold up the shutdown
+        pool.shutdown()
+
+
+def test_a_bad_build_timeout_fails_the_submit_and_queues_nothing(monkeypatch, runs):
+    builder = Builder(threads=1)
+    monkeypatch.setenv("BUILDOPS_BUILD_TIMEOUT", "15min")
+    with pytest.raises(ConfigError, match="BUILDOPS_BUILD_TIMEOUT='15min'"):
+        builder.submit(runs.build("op", "k"))
+    assert builder.state("k") is None and builder.join(timeout=0)
+    builder.shutdown()
+
+
+def test_an_endless_timeout_beside_a_short_one_leaves_the_watchdog_working(runs):
+    gate = threading.Event()
+    builder = Builder(threads=2)
+    with settings.scope(build_timeout=float("inf")):
+        endless = builder.submit(runs.build("op", "endless", gate=gate))
+    with settings.scope(build_timeout=0.2):
+        short = builder.submit(runs.build("op", "short", gate=gate))
+    with pytest.raises(buildops.BuildTimeoutError):
+        short.result(WAIT)
+    assert not endless.done()
+    gate.set()
+    assert endless.result(WAIT) == "endless"
+    builder.shutdown()
+
+
+def test_the_watchdog_still_gives_up_a_build_that_runs_on_after_shutdown(runs):
+    gate = threading.Event()
+    builder = Builder(threads=1)
+    with settings.scope(build_timeout=0.3):
+        future = builder.submit(runs.build("op", "stuck", gate=gate))
+        assert runs.started.wait(WAIT)
+    builder.shutdown(wait=False)
+    with pytest.raises(buildops.BuildTimeoutError):
+        future.result(WAIT)  # a call waiting on it is let go
+    gate.set()
+
+
+def test_a_gpu_build_given_up_but_still_running_keeps_graph_capture_refused(runs):
+    from buildops import GraphCaptureDuringBuild, prepare_graph_capture
+
+    gate = threading.Event()
+    with settings.scope(build_timeout=0.2):
+        future = default_builder().submit(runs.build("op", "stuck", gate=gate, uses_gpu=True))
+        with pytest.raises(buildops.BuildTimeoutError):
+            future.result(WAIT)
+    assert [b.key for b in default_builder().gpu_pending()] == ["stuck"]  # what the capture guard checks
+    with pytest.raises(GraphCaptureDuringBuild, match="given up as timed out still run"):
+        prepare_graph_capture(timeout=WAIT)
+    gate.set()
+    assert buildops.join(timeout=WAIT)
+    for _ in range(int(WAIT / 0.01)):
+        if not default_builder().gpu_pending():
+            break
+        time.sleep(0.01)
+    prepare_graph_capture(timeout=WAIT)  # once its run returned
+
+
+def test_a_given_up_build_lets_the_other_processes_of_the_node_build_its_key(runs):
+    gate = threading.Event()
+    here, there = Builder(threads=1), Builder(threads=1)  # two claimants of the node's lock files
+    with settings.scope(build_timeout=0.3):
+        stuck = here.submit(runs.build("op", "shared", gate=gate))
+        with pytest.raises(buildops.BuildTimeoutError):
+            stuck.result(WAIT)
+        assert there.submit(runs.build("op", "shared")).result(WAIT) == "shared"
+    gate.set()
+    here.shutdown(), there.shutdown()
+
+
+def test_a_key_whose_repr_raises_is_given_up_all_the_same(runs):
+    class Unprintable:
+        def __repr__(self):
+            raise ValueError("no repr")
+
+    gate = threading.Event()
+    key = Unprintable()
+    builder = Builder(threads=1)
+    with settings.scope(build_timeout=0.2):
+        future = builder.submit(runs.build("op", key, gate=gate))
+        with pytest.raises(buildops.BuildTimeoutError, match="build <Unprintable key> of op op"):
+            future.result(WAIT)
+        assert builder.submit(replace(runs.build("op", "next", gate=gate), key="next")) is not None
+        with pytest.raises(buildops.BuildTimeoutError):  # the watchdog lived on
+            builder.future("next").result(WAIT)
+    gate.set()
     builder.shutdown()

@@ -117,3 +117,57 @@ def test_the_triton_forkserver_hashes_triton_beside_the_torch_import_and_forks_w
     done = subprocess.run([sys.executable, "-c", TRITON_PRELOAD], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.stdout.split("\n")[0] == "True 1 ('cuda', 90, 32) []", done.stderr[-3000:]
+
+
+def test_a_call_given_up_stops_the_workers_and_only_the_others_are_retried():
+    import threading
+    import time
+
+    import pool_tasks
+
+    pool = WorkerPool("test", lambda: 2)
+    try:
+        warm = [pool.get().submit(pool_tasks.slow, 0.2) for _ in range(2)]  # both workers up
+        [f.result(60) for f in warm]
+        given_up = threading.Event()
+        outcomes = {}
+
+        def call(name, seconds, event=None):
+            try:
+                outcomes[name] = pool.run(name, pool_tasks.slow, seconds, given_up=event)
+            except RuntimeError as error:
+                outcomes[name] = str(error)
+
+        stuck = threading.Thread(target=call, args=("stuck", 600, given_up))
+        beside = threading.Thread(target=call, args=("beside", 1.0))
+        stuck.start(), beside.start()
+        time.sleep(0.5)  # both in a worker
+        given_up.set()
+        pool.stop_workers()
+        stuck.join(30), beside.join(60)
+        assert outcomes["stuck"] == "buildops: stuck was given up, and its test worker stopped"
+        assert outcomes["beside"] == 1.0  # retried alone
+        assert pool.run("after", pool_tasks.slow, 0.0) == 0.0  # a new pool
+        started = time.monotonic()
+    finally:
+        pool.shutdown()
+    assert time.monotonic() - started < 30  # no worker left stuck to wait for
+
+
+def test_the_triton_forkserver_preload_survives_a_torch_that_fails_to_load(tmp_path):
+    import subprocess
+    import sys
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise OSError('libcudnn.so.9: cannot open shared object file')\n")
+    script = (f"import sys, threading; sys.path.insert(0, {str(fake.parent)!r})\n"
+              "from buildops._triton_pool import FORKSERVER_PRELOAD, FORKSERVER_PRELOAD_FIRST\n"
+              "for name in FORKSERVER_PRELOAD_FIRST + FORKSERVER_PRELOAD:\n"
+              "    try:\n"
+              "        __import__(name)\n"
+              "    except ImportError:\n"  # all the forkserver ignores: anything else kills it
+              "        pass\n"
+              "print([t.name for t in threading.enumerate() if t.name.startswith('buildops')])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache")))
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-3000:]

@@ -387,9 +387,11 @@ def test_threads_make_a_shared_launcher_one_at_a_time_and_other_launchers_beside
             inside[kind] -= 1
 
     monkeypatch.setattr(bt, "driver", SimpleNamespace(active=SimpleNamespace(launcher_cls=make)))
-    # Variants and kernels that differ in constants or argument names share a launcher; i64 makes another one.
+    # Variants and kernels that differ in constants, argument names or pointer types share a launcher; i64 makes
+    # another one.
     kernels = [_kernel_with({"x": "*fp32", "n": "i32", "BLOCK": "constexpr"}) for _ in range(3)]
     kernels += [_kernel_with({"y": "*fp32", "m": "i32", "B": "constexpr"})]
+    kernels += [_kernel_with({"x": "*bf16", "n": "i32", "BLOCK": "constexpr"})]  # all pointers pass alike
     kernels += [_kernel_with({"x": "*bf16", "m": "i64", "BLOCK": "constexpr"}) for _ in range(3)]
     start = threading.Barrier(len(kernels))
     threads = [threading.Thread(target=lambda k=k: (start.wait(WAIT), bt._make_launcher(k))) for k in kernels]
@@ -400,3 +402,35 @@ def test_threads_make_a_shared_launcher_one_at_a_time_and_other_launchers_beside
     assert most == {"A": 1, "B": 1}
     assert entered["A"].is_set() and entered["B"].is_set()
     assert len({bt._launcher_key(k) for k in kernels}) == 2
+
+
+def test_a_forked_child_gets_every_lock_of_the_triton_module_free():
+    import threading as _threading
+    names = ("_load_lock", "_triton_key_lock", "_launcher_locks_lock", "_driver_lock", "_patch_lock", "_listed_lock")
+    held, release = _threading.Event(), _threading.Event()
+
+    def hold_them():  # another thread holds them as the process forks
+        locks = [getattr(bt, name) for name in names]
+        for lock in locks:
+            lock.acquire()
+        held.set()
+        release.wait(WAIT)
+        for lock in locks:
+            lock.release()
+
+    holder = _threading.Thread(target=hold_them)
+    holder.start()
+    try:
+        assert held.wait(WAIT)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            free = all(getattr(bt, name).acquire(timeout=1) for name in names)
+            os.write(write, b"free" if free else b"held")
+            os._exit(0)
+        os.close(write)
+        assert os.read(read, 10) == b"free"
+        os.waitpid(pid, 0)
+    finally:
+        release.set()
+        holder.join(WAIT)
