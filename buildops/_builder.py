@@ -365,6 +365,8 @@ class Builder:
                 self._watch_changed.notify_all()  # the watchdog may be waiting for the last run to end
             if record.given_up:
                 self._stuck.discard(record)
+                with _stuck_lock:
+                    _stuck_everywhere.discard(record)
                 logger.info("buildops: build %s of op %s, given up as timed out, ended after %.1f s (%s); its "
                             "outcome is dropped", record.build.describe(), record.build.op, seconds,
                             "failed" if error is not None else "built")
@@ -432,12 +434,13 @@ class Builder:
                 record.future.set_exception(error)
                 self._release_claim(record)  # other processes of the node build the key now
                 abandon = getattr(record.build.run, "abandon", None)
-                if abandon is not None:
-                    try:
-                        abandon()
-                    except Exception:  # noqa: BLE001 - the build is given up already; the stuck run stays stuck
-                        logger.warning("buildops: stopping given-up build %s failed", record.build.describe(),
-                                       exc_info=True)
+                if abandon is not None:  # on a thread of its own: it may block, and the watchdog must not
+                    threading.Thread(target=_abandon, args=(record.build, abandon), name="buildops-abandon",
+                                     daemon=True).start()
+
+    def _is_stuck(self, thread: threading.Thread) -> bool:
+        with self._lock:
+            return any(r.thread is thread for r in self._stuck)
 
     def _give_up_locked(self, record: _Record) -> tuple[_Record, BuildTimeoutError]:
         """Mark a build that ran past its deadline failed; the caller sets its future, outside the lock."""
@@ -446,6 +449,8 @@ class Builder:
                                   f"{seconds:.1f} s, past BUILDOPS_BUILD_TIMEOUT={record.timeout:g}; given up")
         self._running.discard(record)
         self._stuck.add(record)  # still running: GPU ones still count for graph capture (gpu_pending)
+        with _stuck_lock:
+            _stuck_everywhere.add(record)
         record.given_up = True
         self._settle(record)
         self._serial_changed.notify_all()
@@ -463,7 +468,10 @@ class Builder:
         elif record.thread in self._workers:
             self._workers.remove(record.thread)
             if not self._closed:
-                self._start_worker()
+                try:
+                    self._start_worker()
+                except RuntimeError:  # no thread to be had: the queue goes on with one worker fewer
+                    logger.exception("buildops: starting a worker in place of a stuck one failed")
         return record, error
 
     # -- cancelling -------------------------------------------------------------------------------------------
@@ -587,7 +595,7 @@ class Builder:
 
     @property
     def busy(self) -> int:
-        """How many workers are running a build now."""
+        """How many builds' runs are running now, those given up as timed out included."""
         with self._lock:
             return self._busy
 
@@ -599,11 +607,6 @@ class Builder:
                        if r.build.uses_gpu and (r.state is BuildState.BUILDING
                                                 or r.state is BuildState.QUEUED and not r.future.cancelled())]
             return pending + [r.build for r in self._stuck if r.build.uses_gpu and r.build not in pending]
-
-    def stuck_gpu_builds(self) -> list[Build]:
-        """GPU builds given up as timed out whose runs have not returned: no join waits for them."""
-        with self._lock:
-            return [r.build for r in self._stuck if r.build.uses_gpu]
 
     @property
     def workers(self) -> int:
@@ -632,8 +635,19 @@ class Builder:
         if wait:
             deadline = None if timeout is None else time.monotonic() + timeout  # for all of them, not each
             for thread in workers:
-                if thread is not threading.current_thread():
-                    thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                # In steps: a build may be given up as timed out meanwhile, and its stuck thread is not waited for.
+                while thread is not threading.current_thread() and thread.is_alive() and not self._is_stuck(thread):
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    thread.join(0.1 if left is None else min(0.1, left))
+
+
+def _abandon(build: Build, abandon: Callable[[], None]) -> None:
+    try:
+        abandon()
+    except Exception:  # noqa: BLE001 - the build is given up already; its stuck run stays stuck
+        logger.warning("buildops: stopping given-up build %s failed", build.describe(), exc_info=True)
 
 
 class _LoggedProgress:
@@ -661,6 +675,18 @@ def _progress_bar(what: str, total: int, done: int):
 
 
 _thread_role = threading.local()
+
+
+_stuck_lock = threading.Lock()
+_stuck_everywhere: set[_Record] = set()  # given-up runs not yet returned, of every builder: one that was shut down
+# (or forgotten by testing.reset()) still has its stuck GPU builds running
+
+
+def stuck_gpu_builds() -> list[Build]:
+    """GPU builds given up as timed out whose runs have not returned, on any builder of this process: no join
+    waits for them, and a CUDA graph capture must not begin beside them."""
+    with _stuck_lock:
+        return [r.build for r in _stuck_everywhere if r.build.uses_gpu]
 
 
 def on_builder_thread() -> bool:
@@ -697,9 +723,10 @@ def default_builder() -> Builder:
 
 def _forget_after_fork() -> None:
     """In a forked child: drop the parent's builder; its threads are gone and its locks may be held."""
-    global _default, _default_lock
+    global _default, _default_lock, _stuck_lock, _stuck_everywhere
     old, _default = _default, None
     _default_lock = threading.Lock()
+    _stuck_lock, _stuck_everywhere = threading.Lock(), set()  # the parent's stuck runs are not the child's
     if old is not None:
         for op in list(old.waiting_ops):
             op.forget_pending()

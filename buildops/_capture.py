@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from ._builder import current_builder, join
+from ._builder import current_builder, join, stuck_gpu_builds
 
 __all__ = ["GraphCaptureDuringBuild", "prepare_graph_capture"]
 
@@ -29,8 +29,7 @@ def prepare_graph_capture(timeout: float | None = None) -> None:
     no wait ends it, and a capture beside it could take in its work."""
     if not join(gpu_only=True, timeout=timeout):
         raise TimeoutError(f"buildops: GPU builds still running after {timeout} s; not safe to capture a graph yet")
-    builder = current_builder()
-    stuck = builder.stuck_gpu_builds() if builder is not None else []
+    stuck = stuck_gpu_builds()
     if stuck:
         ops = ", ".join(sorted({build.op for build in stuck}))
         raise GraphCaptureDuringBuild(
@@ -54,6 +53,7 @@ def install_guard() -> None:
         def capture_begin(self, *args, **kwargs):
             builder = current_builder()
             pending = builder.gpu_pending() if builder is not None else []
+            pending += [b for b in stuck_gpu_builds() if b not in pending]  # of a builder shut down since, too
             if pending:
                 ops = ", ".join(sorted({build.op for build in pending}))
                 raise GraphCaptureDuringBuild(

@@ -83,6 +83,7 @@ class WorkerPool:
         self._launch_lock = threading.Lock()
         self._launcher: threading.Thread | None = None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._alone: set[concurrent.futures.ProcessPoolExecutor] = set()  # one-worker pools retrying a crashed call
         self._starting: list[concurrent.futures.Future] = []
         self._hooked = False
 
@@ -135,34 +136,45 @@ class WorkerPool:
         each is retried once, alone in a worker of its own: only the call that crashed it crashes again, and
         then it raises. A call whose ``given_up`` is set by then (see :meth:`stop_workers`) raises instead."""
         pool = self.get()
+        self._refuse_if_given_up(what, given_up)
         try:
             return pool.submit(fn, *args).result()
         except concurrent.futures.process.BrokenProcessPool:
             self._replace(pool)
-        if given_up is not None and given_up.is_set():
-            raise RuntimeError(f"buildops: {what} was given up, and its {self.name} worker stopped")
+        self._refuse_if_given_up(what, given_up)
         logger.warning("buildops: a %s worker crashed while it built %s (or another build beside it); retrying it "
                        "once in a worker of its own", self.name, what)
-        with concurrent.futures.ProcessPoolExecutor(1, mp_context=_context(self._preload, self._preload_first),
-                                                    initializer=self._initializer) as alone:
-            try:
-                return alone.submit(fn, *args).result()
-            except concurrent.futures.process.BrokenProcessPool:
-                raise RuntimeError(f"buildops: {self.name} worker crashed twice building {what}") from None
+        alone = concurrent.futures.ProcessPoolExecutor(1, mp_context=_context(self._preload, self._preload_first),
+                                                       initializer=self._initializer)
+        with self._lock:
+            self._alone.add(alone)  # stop_workers() stops it too
+        try:
+            return alone.submit(fn, *args).result()
+        except concurrent.futures.process.BrokenProcessPool:
+            self._refuse_if_given_up(what, given_up)
+            raise RuntimeError(f"buildops: {self.name} worker crashed twice building {what}") from None
+        finally:
+            with self._lock:
+                self._alone.discard(alone)
+            alone.shutdown(wait=False, cancel_futures=True)
+
+    def _refuse_if_given_up(self, what: str, given_up: threading.Event | None) -> None:
+        if given_up is not None and given_up.is_set():
+            raise RuntimeError(f"buildops: {what} was given up, and its {self.name} worker stopped")
 
     def stop_workers(self) -> None:
         """Kill every worker now, for a call its caller gave up while a worker is stuck in it (a worker cannot be
         told to drop one task, and a stuck one would hold its place and keep the process from exiting). The
         other calls in flight fail over as after a crash: each is retried alone."""
-        with self._lock:
-            pool = self._pool
-        if pool is None:
-            return
-        for process in list((getattr(pool, "_processes", None) or {}).values()):
-            try:
-                process.kill()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+        # Without the lock, which get() holds while a pool starts (seconds, or for good where a forkserver's
+        # preload hangs): a pool being started has no call in a worker yet.
+        pools = [self._pool, *list(self._alone)]
+        for pool in pools:
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                try:
+                    process.kill()
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
 
     def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
         with self._lock:
@@ -181,7 +193,7 @@ class WorkerPool:
 
     def _forget(self) -> None:
         self._lock, self._launch_lock, self._launcher = threading.Lock(), threading.Lock(), None
-        self._pool, self._starting = None, []
+        self._pool, self._starting, self._alone = None, [], set()
         if self._preload:
             _forget_the_forkserver()
 

@@ -165,11 +165,12 @@ class _GemmRun:
     ms: tuple[int, ...]
     device: str
     given_up: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    in_worker: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
     def abandon(self) -> None:
         """Given up as timed out (``Build`` contract): stop the workers if the run is stuck in one."""
         self.given_up.set()
-        if settings.executor != "threads":
+        if self.in_worker.is_set():
             _pool.stop_workers()
 
     def __call__(self) -> None:
@@ -177,8 +178,12 @@ class _GemmRun:
         if settings.executor == "threads":
             run_shape(self.module, self.shape, self.ms, self.device, reserve)
             return
-        _pool.run(str(self.shape), run_shape_in_worker, self.module, self.shape, self.ms, self.device, reserve,
-                  given_up=self.given_up)
+        self.in_worker.set()
+        try:
+            _pool.run(str(self.shape), run_shape_in_worker, self.module, self.shape, self.ms, self.device, reserve,
+                      given_up=self.given_up)
+        finally:
+            self.in_worker.clear()
 
 
 def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int) -> int:

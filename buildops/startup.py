@@ -273,9 +273,13 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
                     raise
                 loaded = loading.result()
     with phase(f"{name}: wait for GPU builds"):
-        from ._capture import prepare_graph_capture  # here: this module imports no torch (start_build_workers)
+        from ._capture import GraphCaptureDuringBuild, prepare_graph_capture  # here: this module imports no torch
 
-        prepare_graph_capture()
+        try:
+            prepare_graph_capture()
+        except GraphCaptureDuringBuild as stuck:  # a build that hangs must not fail a start: its op compiles on
+            # first use, and the capture guard still refuses a CUDA graph capture while it runs
+            logger.warning("%s", stuck)
     with phase(f"{name}: collect garbage"):
         # The rehearsal's replays leave short-lived objects in reference cycles; collect them now rather than in
         # the middle of the first request. A full collection, though it walks every object torch and Triton made

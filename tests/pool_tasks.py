@@ -12,3 +12,11 @@ def slow(seconds: float) -> float:
 def crash(after: float) -> None:
     time.sleep(after)
     os._exit(3)  # as a segfault in a compiler would end the worker
+
+
+def crash_then_hang(marker: str) -> None:
+    """Crash the first worker that runs it; hang in the next one (a build whose retry gets stuck)."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    time.sleep(600)

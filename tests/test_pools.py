@@ -171,3 +171,36 @@ def test_the_triton_forkserver_preload_survives_a_torch_that_fails_to_load(tmp_p
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache")))
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-3000:]
+
+
+def test_stop_workers_also_stops_a_call_stuck_in_its_retry_alone(tmp_path):
+    import threading
+    import time
+
+    import pool_tasks
+
+    pool = WorkerPool("test", lambda: 1)
+    given_up, outcome = threading.Event(), []
+
+    def call():
+        try:
+            pool.run("stuck", pool_tasks.crash_then_hang, str(tmp_path / "crashed"), given_up=given_up)
+        except RuntimeError as error:
+            outcome.append(str(error))
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    try:
+        for _ in range(600):  # until the retry runs in a pool of its own
+            if pool._alone and any(getattr(p, "_processes", None) for p in list(pool._alone)):
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        given_up.set()
+        pool.stop_workers()
+        caller.join(30)
+        assert not caller.is_alive() and outcome == ["buildops: stuck was given up, and its test worker stopped"]
+    finally:
+        given_up.set()
+        pool.stop_workers()
+        pool.shutdown()

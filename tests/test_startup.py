@@ -9,7 +9,7 @@ import torch
 
 import buildops
 from buildops import (BuildConfig, BuildState, DynamicSpec, GraphCaptureDuringBuild, lists_kernels,
-                      prepare_graph_capture)
+                      prepare_graph_capture, settings)
 from buildops._builder import current_builder, default_builder
 from buildops.startup import phase, phases, rehearse_then_load, start_build_workers
 
@@ -246,3 +246,15 @@ def test_a_main_module_that_starts_workers_at_import_gets_the_fix_in_each_worker
     done = run_script(script, NO_GUARD)
     assert f"buildops: {script} starts build workers as it is imported" in done.stderr, done.stderr[-3000:]
     assert 'put that code under `if __name__ == "__main__":`' in done.stderr
+
+
+def test_a_stuck_gpu_build_does_not_fail_the_start(runs, caplog):
+    gate = threading.Event()
+    with settings.scope(build_timeout=0.2):
+        def rehearse():
+            buildops._builder.default_builder().submit(runs.build("attn", "stuck", gate=gate, uses_gpu=True))
+        try:
+            assert rehearse_then_load(rehearse, lambda: "the loaded model") == "the loaded model"
+        finally:
+            gate.set()
+    assert "given up as timed out still run" in caplog.text
