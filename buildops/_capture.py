@@ -53,7 +53,12 @@ def install_guard() -> None:
         def capture_begin(self, *args, **kwargs):
             builder = current_builder()
             pending = builder.gpu_pending() if builder is not None else []
-            pending += [b for b in stuck_gpu_builds() if b not in pending]  # of a builder shut down since, too
+            stuck = stuck_gpu_builds()  # of a builder shut down since, too
+            if stuck:
+                ops = ", ".join(sorted({build.op for build in stuck}))
+                raise GraphCaptureDuringBuild(
+                    f"CUDA graph capture began while {len(stuck)} GPU build(s) of buildops given up as timed out "
+                    f"still run (ops: {ops}); no join waits for them. Find why they hang (the log names them)")
             if pending:
                 ops = ", ".join(sorted({build.op for build in pending}))
                 raise GraphCaptureDuringBuild(

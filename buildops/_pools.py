@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -84,6 +85,8 @@ class WorkerPool:
         self._launcher: threading.Thread | None = None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._alone: set[concurrent.futures.ProcessPoolExecutor] = set()  # one-worker pools retrying a crashed call
+        self._stopping: list[Any] = []  # workers of pools shut down without waiting, maybe still in a build
+        self._exiting = False  # the interpreter is exiting: calls that lose their worker are not retried
         self._starting: list[concurrent.futures.Future] = []
         self._hooked = False
 
@@ -99,6 +102,11 @@ class WorkerPool:
                 if not self._hooked:
                     os.register_at_fork(after_in_child=self._forget)
                     add_shutdown_hook(self.shutdown)
+                    # At exit, before concurrent.futures' own hook (they run in reverse order), which waits for
+                    # every worker to finish its task: one stuck in a build would hold the exit for good.
+                    register_at_exit = getattr(threading, "_register_atexit", None)
+                    if register_at_exit is not None:
+                        register_at_exit(self._at_exit)
                     self._hooked = True
                 workers = self._workers()
                 pool = concurrent.futures.ProcessPoolExecutor(
@@ -161,6 +169,12 @@ class WorkerPool:
     def _refuse_if_given_up(self, what: str, given_up: threading.Event | None) -> None:
         if given_up is not None and given_up.is_set():
             raise RuntimeError(f"buildops: {what} was given up, and its {self.name} worker stopped")
+        if self._exiting:  # no retry in a worker of its own: the exit would wait for it
+            raise RuntimeError(f"buildops: {what} was stopped: the interpreter is exiting")
+
+    def _at_exit(self) -> None:
+        self._exiting = True
+        self.stop_workers()
 
     def stop_workers(self) -> None:
         """Kill every worker now, for a call its caller gave up while a worker is stuck in it (a worker cannot be
@@ -168,13 +182,15 @@ class WorkerPool:
         other calls in flight fail over as after a crash: each is retried alone."""
         # Without the lock, which get() holds while a pool starts (seconds, or for good where a forkserver's
         # preload hangs): a pool being started has no call in a worker yet.
-        pools = [self._pool, *list(self._alone)]
-        for pool in pools:
-            for process in list((getattr(pool, "_processes", None) or {}).values()):
-                try:
-                    process.kill()
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
+        processes = list(self._stopping)
+        for pool in [self._pool, *list(self._alone)]:
+            processes += list((getattr(pool, "_processes", None) or {}).values())
+        for process in processes:
+            try:
+                process.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._stopping = [p for p in self._stopping if _alive(p)]
 
     def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
         with self._lock:
@@ -185,17 +201,41 @@ class WorkerPool:
     def shutdown(self, wait: bool = True, deadline: float | None = None) -> None:
         """Stop the workers; with ``wait``, once their running tasks are done. With a ``deadline`` (``buildops.
         shutdown(timeout=...)``) they are told to stop and not waited for: a worker cannot be waited for a bounded
-        time, and one stuck in a build must not hold up the caller; it exits once that build ends."""
-        with self._lock:
+        time, and one stuck in a build must not hold up the caller; it exits once that build ends, or is killed
+        when the build is given up (:meth:`stop_workers`) or at exit."""
+        # get() holds the lock while a pool starts, for good where the forkserver's preload hangs (a stuck ptxas
+        # in its warm-up compile): wait for it within the deadline, or a bounded time, then go on without it.
+        limit = START_WAIT_SECONDS if deadline is None else max(0.0, deadline - time.monotonic())
+        locked = self._lock.acquire(timeout=limit)
+        try:
             pool, self._pool, self._starting = self._pool, None, []
+        finally:
+            if locked:
+                self._lock.release()
+        if not locked:
+            logger.warning("buildops: %s workers still starting after %.0f s; shutting down without them",
+                           self.name, limit)
         if pool is not None:
+            if not (wait and deadline is None):  # not waited for: stop_workers() may still have to stop them
+                self._stopping += [p for p in (getattr(pool, "_processes", None) or {}).values() if _alive(p)]
             pool.shutdown(wait=wait and deadline is None, cancel_futures=True)
 
     def _forget(self) -> None:
         self._lock, self._launch_lock, self._launcher = threading.Lock(), threading.Lock(), None
-        self._pool, self._starting, self._alone = None, [], set()
+        self._pool, self._starting, self._alone, self._stopping = None, [], set(), []
         if self._preload:
             _forget_the_forkserver()
+
+
+# How long shutdown() waits for a pool that is starting, where it was given no deadline.
+START_WAIT_SECONDS = 60.0
+
+
+def _alive(process: Any) -> bool:
+    try:
+        return process.is_alive()
+    except Exception:  # noqa: BLE001 - not a child of this process any more, or closed
+        return False
 
 
 def _forget_the_forkserver() -> None:

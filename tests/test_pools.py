@@ -204,3 +204,84 @@ def test_stop_workers_also_stops_a_call_stuck_in_its_retry_alone(tmp_path):
         given_up.set()
         pool.stop_workers()
         pool.shutdown()
+
+
+def test_a_worker_left_building_by_a_shutdown_with_a_deadline_is_stopped_when_its_call_is_given_up():
+    import threading
+    import time
+
+    import pool_tasks
+
+    pool = WorkerPool("test", lambda: 1)
+    given_up, outcome = threading.Event(), []
+    caller = threading.Thread(target=lambda: outcome.append(
+        _outcome(pool, "stuck", pool_tasks.slow, 600, given_up=given_up)))
+    caller.start()
+    try:
+        for _ in range(600):  # until the call is in its worker
+            if getattr(pool._pool, "_processes", None) and pool._pool._pending_work_items:
+                break
+            time.sleep(0.1)
+        [worker] = pool._pool._processes.values()
+        pool.shutdown(wait=True, deadline=time.monotonic() + 0.2)  # buildops.shutdown(timeout=0.2)
+        assert worker.is_alive()  # not waited for
+        given_up.set()
+        pool.stop_workers()  # the watchdog gives the build up
+        worker.join(30)
+        caller.join(30)
+        assert not worker.is_alive() and not caller.is_alive() and len(outcome) == 1
+    finally:
+        given_up.set()
+        pool.stop_workers()
+
+
+def _outcome(pool, what, fn, *args, given_up=None):
+    try:
+        return pool.run(what, fn, *args, given_up=given_up)
+    except Exception as error:  # noqa: BLE001 - the outcome is what the test looks at
+        return repr(error)
+
+
+def test_shutdown_does_not_wait_for_good_for_a_pool_stuck_starting(monkeypatch):
+    import threading
+    import time
+
+    import buildops._pools
+
+    pool = WorkerPool("test", lambda: 1)
+    release = threading.Event()
+    holder = threading.Thread(target=lambda: (pool._lock.acquire(), release.wait(30), pool._lock.release()))
+    holder.start()  # as get() holds it while a forkserver's preload hangs
+    try:
+        started = time.monotonic()
+        pool.shutdown(wait=True, deadline=time.monotonic() + 0.3)
+        monkeypatch.setattr(buildops._pools, "START_WAIT_SECONDS", 0.3)
+        pool.shutdown()
+        assert time.monotonic() - started < 10
+    finally:
+        release.set()
+        holder.join(30)
+
+
+EXIT_WITH_A_STUCK_WORKER = r"""
+import threading
+import pool_tasks
+from buildops._pools import WorkerPool
+
+if __name__ == "__main__":
+    pool = WorkerPool("test", lambda: 1)
+    pool.run("warm", pool_tasks.slow, 0)
+    threading.Thread(target=pool.run, args=("stuck", pool_tasks.slow, 600), daemon=True).start()
+    pool_tasks.slow(1)  # the call reaches its worker; then the program ends without shutting buildops down
+"""
+
+
+def test_the_process_exits_though_a_worker_is_stuck_in_a_build(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = tmp_path / "exits.py"
+    script.write_text(EXIT_WITH_A_STUCK_WORKER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]  # not held for the stuck task's 600 s
