@@ -176,7 +176,6 @@ class Builder:
         self._closed = False
         self._claims = node_claims()
         self._running: set[_Record] = set()  # records whose run has a deadline (under the lock)
-        self._stuck: set[_Record] = set()  # given up as timed out, their runs not yet returned
         self._started_workers = 0  # for worker names: one that replaced a stuck one gets a new name
         self._watchdog: threading.Thread | None = None
         self._watch_changed = threading.Condition(self._lock)  # a deadline set, or closing
@@ -364,7 +363,6 @@ class Builder:
                 self._running.discard(record)
                 self._watch_changed.notify_all()  # the watchdog may be waiting for the last run to end
             if record.given_up:
-                self._stuck.discard(record)
                 with _stuck_lock:
                     _stuck_everywhere.discard(record)
                 logger.info("buildops: build %s of op %s, given up as timed out, ended after %.1f s (%s); its "
@@ -438,9 +436,10 @@ class Builder:
                     threading.Thread(target=_abandon, args=(record.build, abandon), name="buildops-abandon",
                                      daemon=True).start()
 
-    def _is_stuck(self, thread: threading.Thread) -> bool:
-        with self._lock:
-            return any(r.thread is thread for r in self._stuck)
+    @staticmethod
+    def _is_stuck(thread: threading.Thread) -> bool:
+        with _stuck_lock:
+            return any(r.thread is thread for r in _stuck_everywhere)
 
     def _give_up_locked(self, record: _Record) -> tuple[_Record, BuildTimeoutError]:
         """Mark a build that ran past its deadline failed; the caller sets its future, outside the lock."""
@@ -448,8 +447,7 @@ class Builder:
         error = BuildTimeoutError(f"buildops: build {record.build.describe()} of op {record.build.op} ran "
                                   f"{seconds:.1f} s, past BUILDOPS_BUILD_TIMEOUT={record.timeout:g}; given up")
         self._running.discard(record)
-        self._stuck.add(record)  # still running: GPU ones still count for graph capture (gpu_pending)
-        with _stuck_lock:
+        with _stuck_lock:  # still running: GPU ones still count for graph capture (stuck_gpu_builds)
             _stuck_everywhere.add(record)
         record.given_up = True
         self._settle(record)
@@ -600,13 +598,14 @@ class Builder:
             return self._busy
 
     def gpu_pending(self) -> list[Build]:
-        """The GPU builds queued or running now, those given up as timed out whose runs still run included."""
+        """The GPU builds queued or running now, and those given up as timed out whose runs still run (of any
+        builder: one shut down since too)."""
         with self._lock:
             # A queued build whose owner cancelled its future never runs: join() does not wait for it either.
             pending = [r.build for r in self._records.values()
                        if r.build.uses_gpu and (r.state is BuildState.BUILDING
                                                 or r.state is BuildState.QUEUED and not r.future.cancelled())]
-            return pending + [r.build for r in self._stuck if r.build.uses_gpu and r.build not in pending]
+        return pending + [b for b in stuck_gpu_builds() if b not in pending]
 
     @property
     def workers(self) -> int:

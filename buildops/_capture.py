@@ -53,7 +53,7 @@ def install_guard() -> None:
         def capture_begin(self, *args, **kwargs):
             builder = current_builder()
             pending = builder.gpu_pending() if builder is not None else []
-            stuck = stuck_gpu_builds()  # of a builder shut down since, too
+            stuck = stuck_gpu_builds()  # of a builder shut down since, too (gpu_pending has them as well)
             if stuck:
                 ops = ", ".join(sorted({build.op for build in stuck}))
                 raise GraphCaptureDuringBuild(
