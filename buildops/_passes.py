@@ -143,8 +143,11 @@ class BuildPass:
             builder.wait(lambda r: r.future in wanted, what=f"builds of pass {self.name!r}")
         if self.arms_late_compiles:
             _late.arm()  # from now on, a kernel compiled on first use is a gap in what the passes covered
-        logger.info("buildops: pass %r done in %.2f s (%d build(s) queued%s)", self.name,
-                    time.perf_counter() - self._started, len(set(self.futures)),
+        futures = set(self.futures)
+        failed = sum(1 for f in futures if f.done() and not f.cancelled() and f.exception() is not None)
+        logger.info("buildops: pass %r done in %.2f s (%d build(s) queued%s%s)", self.name,
+                    time.perf_counter() - self._started, len(futures),
+                    f", {failed} failed or given up: their ops compile on first use" if failed else "",
                     "" if self.join_at_exit else ", still building")
 
 

@@ -277,3 +277,11 @@ def test_a_call_whose_nested_pass_raised_is_listed_again_in_the_enclosing_pass(r
     finally:
         gate.set()
     assert buildops.join(timeout=WAIT) and runs.calls.count(("op", 3)) == 1
+
+
+def test_a_pass_says_at_its_end_how_many_of_its_builds_failed(runs, caplog):
+    ok, broken = op_listing(runs, name="ok"), op_listing(runs, name="broken", fail=True)
+    with caplog.at_level(logging.INFO, logger="buildops"), build_pass("warmup"):
+        ok(torch.empty(4, 3)), broken(torch.empty(4, 3))
+    assert "pass 'warmup' done in" in caplog.text
+    assert "(2 build(s) queued, 1 failed or given up: their ops compile on first use)" in caplog.text
