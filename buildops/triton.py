@@ -307,6 +307,24 @@ _launcher_locks_lock = threading.Lock()
 _load_lock = threading.Lock()
 
 
+# Python up to 3.12 keeps ast.parse's count of its recursion depth in state that every thread shares: a thread that
+# hands the GIL over mid-parse (a garbage collection running a __del__) lets another one parse, and one of them
+# fails with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905). Triton parses a
+# kernel's source at every compile, so builder threads compiling at once failed builds that way (once on the
+# 2-core CI machine). One parse at a time; a parse takes about a millisecond.
+_parse_lock = threading.RLock()
+_original_parse = getattr(JITFunction, "parse", None)
+
+
+def _parse_one_at_a_time(self: JITFunction) -> Any:
+    with _parse_lock:
+        return _original_parse(self)
+
+
+if _original_parse is not None:
+    JITFunction.parse = _parse_one_at_a_time
+
+
 # -- worker processes -----------------------------------------------------------------------------------------
 
 try:
@@ -321,10 +339,11 @@ _triton_key_lock = threading.Lock()
 def _new_locks_after_fork() -> None:
     # A forked child has none of this process's threads: a lock that one of them held would stay held there.
     global _load_lock, _triton_key_lock, _launcher_locks, _launcher_locks_lock, _driver_lock, _patch_lock
-    global _listed_lock
+    global _listed_lock, _parse_lock
     _load_lock, _triton_key_lock = threading.Lock(), threading.Lock()
     _launcher_locks, _launcher_locks_lock = {}, threading.Lock()
     _driver_lock, _patch_lock, _listed_lock = threading.Lock(), threading.Lock(), threading.Lock()
+    _parse_lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_new_locks_after_fork)

@@ -434,3 +434,30 @@ def test_a_forked_child_gets_every_lock_of_the_triton_module_free():
     finally:
         release.set()
         holder.join(WAIT)
+
+
+def test_threads_parsing_kernels_at_once_never_fail():
+    import gc
+    import threading as _threading
+    # A collection mid-parse hands the GIL over (as a __del__ that runs then does): another thread's parse in
+    # between broke Python's shared recursion-depth count (SystemError) before buildops parsed one at a time.
+    errors, threshold = [], gc.get_threshold()
+    handover = lambda phase, info: time.sleep(0)  # noqa: E731
+    gc.callbacks.append(handover)
+    gc.set_threshold(50)
+    try:
+        def parse_many():
+            for _ in range(100):
+                try:
+                    K.add_kernel.parse(), K.rows_kernel.parse()
+                except SystemError as error:
+                    errors.append(error)
+        threads = [_threading.Thread(target=parse_many) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT * 6)
+    finally:
+        gc.callbacks.remove(handover)
+        gc.set_threshold(*threshold)
+    assert errors == []
