@@ -4,6 +4,25 @@ import os
 
 from buildops._pools import WorkerPool
 
+GIVEN_UP = "buildops: stuck was given up, and its test worker stopped"
+
+
+def call_in_thread(pool, what, fn, *args, given_up=None):
+    """``pool.run(what, fn, *args)`` on a thread; returns the thread and a list that gets what the call returned,
+    or its RuntimeError's message."""
+    import threading
+    outcome = []
+
+    def call():
+        try:
+            outcome.append(pool.run(what, fn, *args, given_up=given_up))
+        except RuntimeError as error:
+            outcome.append(str(error))
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread, outcome
+
 
 def test_a_forked_child_starts_workers_of_its_own():
     """The child forgets the parent's pool and the parent's forkserver, and builds through its own."""
@@ -130,23 +149,14 @@ def test_a_call_given_up_stops_the_workers_and_only_the_others_are_retried():
         warm = [pool.get().submit(pool_tasks.slow, 0.2) for _ in range(2)]  # both workers up
         [f.result(60) for f in warm]
         given_up = threading.Event()
-        outcomes = {}
-
-        def call(name, seconds, event=None):
-            try:
-                outcomes[name] = pool.run(name, pool_tasks.slow, seconds, given_up=event)
-            except RuntimeError as error:
-                outcomes[name] = str(error)
-
-        stuck = threading.Thread(target=call, args=("stuck", 600, given_up))
-        beside = threading.Thread(target=call, args=("beside", 1.0))
-        stuck.start(), beside.start()
+        stuck, stuck_outcome = call_in_thread(pool, "stuck", pool_tasks.slow, 600, given_up=given_up)
+        beside, beside_outcome = call_in_thread(pool, "beside", pool_tasks.slow, 1.0)
         time.sleep(0.5)  # both in a worker
         given_up.set()
         pool.stop_workers()
         stuck.join(30), beside.join(60)
-        assert outcomes["stuck"] == "buildops: stuck was given up, and its test worker stopped"
-        assert outcomes["beside"] == 1.0  # retried alone
+        assert stuck_outcome == [GIVEN_UP]
+        assert beside_outcome == [1.0]  # retried alone
         assert pool.run("after", pool_tasks.slow, 0.0) == 0.0  # a new pool
         started = time.monotonic()
     finally:
@@ -180,16 +190,9 @@ def test_stop_workers_also_stops_a_call_stuck_in_its_retry_alone(tmp_path):
     import pool_tasks
 
     pool = WorkerPool("test", lambda: 1)
-    given_up, outcome = threading.Event(), []
-
-    def call():
-        try:
-            pool.run("stuck", pool_tasks.crash_then_hang, str(tmp_path / "crashed"), given_up=given_up)
-        except RuntimeError as error:
-            outcome.append(str(error))
-
-    caller = threading.Thread(target=call)
-    caller.start()
+    given_up = threading.Event()
+    caller, outcome = call_in_thread(pool, "stuck", pool_tasks.crash_then_hang, str(tmp_path / "crashed"),
+                                     given_up=given_up)
     try:
         for _ in range(600):  # until the retry runs in a pool of its own
             if pool._alone and any(getattr(p, "_processes", None) for p in list(pool._alone)):
@@ -199,7 +202,7 @@ def test_stop_workers_also_stops_a_call_stuck_in_its_retry_alone(tmp_path):
         given_up.set()
         pool.stop_workers()
         caller.join(30)
-        assert not caller.is_alive() and outcome == ["buildops: stuck was given up, and its test worker stopped"]
+        assert not caller.is_alive() and outcome == [GIVEN_UP]
     finally:
         given_up.set()
         pool.stop_workers()
@@ -213,10 +216,8 @@ def test_a_worker_left_building_by_a_shutdown_with_a_deadline_is_stopped_when_it
     import pool_tasks
 
     pool = WorkerPool("test", lambda: 1)
-    given_up, outcome = threading.Event(), []
-    caller = threading.Thread(target=lambda: outcome.append(
-        _outcome(pool, "stuck", pool_tasks.slow, 600, given_up=given_up)))
-    caller.start()
+    given_up = threading.Event()
+    caller, outcome = call_in_thread(pool, "stuck", pool_tasks.slow, 600, given_up=given_up)
     try:
         for _ in range(600):  # until the call is in its worker
             if getattr(pool._pool, "_processes", None) and pool._pool._pending_work_items:
@@ -229,17 +230,10 @@ def test_a_worker_left_building_by_a_shutdown_with_a_deadline_is_stopped_when_it
         pool.stop_workers()  # the watchdog gives the build up
         worker.join(30)
         caller.join(30)
-        assert not worker.is_alive() and not caller.is_alive() and len(outcome) == 1
+        assert not worker.is_alive() and not caller.is_alive() and outcome == [GIVEN_UP]
     finally:
         given_up.set()
         pool.stop_workers()
-
-
-def _outcome(pool, what, fn, *args, given_up=None):
-    try:
-        return pool.run(what, fn, *args, given_up=given_up)
-    except Exception as error:  # noqa: BLE001 - the outcome is what the test looks at
-        return repr(error)
 
 
 def test_shutdown_does_not_wait_for_good_for_a_pool_stuck_starting(monkeypatch):
