@@ -1,6 +1,7 @@
 """What collecting a rehearsal's garbage costs: the tiny LLM's rehearsal replayed on meta tensors (nothing is built),
 then a collection of the young generations (``gc.collect(1)``) against a full one (what ``rehearse_then_load`` does
-after the load).
+after the load), and a full one with the heap frozen before the rehearsal (``rehearse_then_load(...,
+freeze_heap=True)``).
 
     python3 benchmarks/rehearsal_garbage.py [--size base] [--repeats 3]
 
@@ -23,17 +24,23 @@ from buildops.testing import record_listings  # noqa: E402
 from examples.tiny_llm.model import SIZES, TinyLlm  # noqa: E402
 
 
-def rehearse_then_collect(model: TinyLlm, generation: int) -> tuple[float, int, float, int]:
-    """(seconds, objects) of ``gc.collect(generation)`` after a rehearsal, then of a full collection after it."""
+def rehearse_then_collect(model: TinyLlm, generation: int, frozen: bool = False) -> tuple[float, int, float, int]:
+    """(seconds, objects) of ``gc.collect(generation)`` after a rehearsal, then of a full collection after it;
+    ``frozen``: the heap frozen before the rehearsal, and unfrozen after both."""
     gc.collect()
-    with record_listings():  # lists, builds nothing
-        model.rehearse()
-    began = time.perf_counter()
-    found = gc.collect(generation)
-    first = time.perf_counter() - began
-    began = time.perf_counter()
-    left = gc.collect()
-    return first, found, time.perf_counter() - began, left
+    if frozen:
+        gc.freeze()
+    try:
+        with record_listings():  # lists, builds nothing
+            model.rehearse()
+        began = time.perf_counter()
+        found = gc.collect(generation)
+        first = time.perf_counter() - began
+        began = time.perf_counter()
+        left = gc.collect()
+        return first, found, time.perf_counter() - began, left
+    finally:
+        gc.unfreeze()
 
 
 def main() -> None:
@@ -44,9 +51,9 @@ def main() -> None:
     model = TinyLlm(SIZES[args.size], "meta")
     print(f"{'collection after the rehearsal':32} {'ms':>7} {'objects':>7} {'then full ms':>12} {'objects left':>12}")
     for _ in range(args.repeats):
-        for generation in (1, 2):
-            seconds, found, full, left = rehearse_then_collect(model, generation)
-            label = "young (gc.collect(1))" if generation == 1 else "full (gc.collect())"
+        for label, generation, frozen in (("young (gc.collect(1))", 1, False), ("full (gc.collect())", 2, False),
+                                          ("full, the heap frozen before", 2, True)):
+            seconds, found, full, left = rehearse_then_collect(model, generation, frozen)
             print(f"{label:32} {seconds * 1e3:7.2f} {found:7d} {full * 1e3:12.1f} {left:12d}")
 
 

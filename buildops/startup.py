@@ -241,52 +241,74 @@ def phases(clear: bool = False) -> list[tuple[str, float]]:
 
 
 def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *, name: str = "startup",
-                       overlap: bool = False) -> T:
+                       overlap: bool = False, freeze_heap: bool = False) -> T:
     """Run the dummy forwards in a :func:`~buildops.rehearsal` (their builds start), load the checkpoint while the
     builds run, then wait for the GPU builds, so that what follows (CUDA graph capture, serving) never overlaps
-    them. Returns what ``load`` returns (and raises what it raises). CPU-only builds may still be running;
-    :func:`buildops.join` waits for those too.
+    them, and collect the rehearsal's garbage. Returns what ``load`` returns (and raises what it raises).
+    CPU-only builds may still be running; :func:`buildops.join` waits for those too.
 
     ``overlap=True`` starts the load on a thread at once, so that it also overlaps the rehearsal's own host work
     (listing is Python, and shares the GIL with the builds). Only for a rehearsal that reads no weight values:
     every op that reads weights returns its placeholder in the rehearsal, and nothing in between looks at them.
+
+    ``freeze_heap=True`` ends the start with the heap frozen (``gc.freeze()``), as vLLM's engine does once it has
+    started: collections while serving then walk only what serving makes. The heap is frozen as the call begins,
+    so the final collection walks only what the start made rather than every object of torch's and Triton's
+    (0.09 s less in a start on the GPU host, docs/benchmarks.md). The price is the engine's to weigh: nothing
+    frozen is ever collected until ``gc.unfreeze()``, neither garbage left before the call nor what becomes
+    garbage later (a model dropped in a reference cycle keeps its GPU memory). If the call raises, the heap is
+    unfrozen again, unless something was frozen before it (which this cannot tell from its own).
     """
+    unfreeze_on_error = freeze_heap and gc.get_freeze_count() == 0
+    if freeze_heap:
+        gc.freeze()
+    try:
+        loaded = _rehearse_and_load(rehearse, load, name, overlap)
+        with phase(f"{name}: wait for GPU builds"):
+            from ._capture import GraphCaptureDuringBuild, prepare_graph_capture  # here: this module imports no torch
+
+            try:
+                prepare_graph_capture()
+            except GraphCaptureDuringBuild as stuck:  # a build that hangs must not fail a start: its op compiles on
+                # first use, and the capture guard still refuses a CUDA graph capture while it runs
+                logger.warning("%s", stuck)
+    except BaseException:
+        if unfreeze_on_error:
+            gc.unfreeze()
+        raise
+    with phase(f"{name}: collect garbage"):
+        # The rehearsal's replays leave short-lived objects in reference cycles; collect them now rather than in
+        # the middle of the first request. A full collection, though it walks every object torch and Triton made
+        # (125-160 ms on the CPU machine, benchmarks/rehearsal_garbage.py) unless the heap was frozen: the young
+        # generations alone cost next to nothing, but garbage that outlived two automatic collections (through
+        # the load, the builds' completions) is in the oldest, and a full collection also resets the count of
+        # promoted objects that decides when the next full one runs, in serving. Collecting under the load
+        # instead, right after the rehearsal, made the load longer by about as much (it holds the GIL that the
+        # loader needs between reads).
+        gc.collect()
+        if freeze_heap:
+            gc.freeze()
+    return loaded
+
+
+def _rehearse_and_load(rehearse: Callable[[], object], load: Callable[[], T], name: str, overlap: bool) -> T:
     if not overlap:
         with phase(f"{name}: rehearsal"), rehearsal(name):
             rehearse()
         with phase(f"{name}: load"):
-            loaded = load()
-    else:
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="buildops-load") as loader:
-            with phase(f"{name}: load"):
-                loading = loader.submit(load)
-                try:
-                    with phase(f"{name}: rehearsal"), rehearsal(name):
-                        rehearse()
-                except BaseException:
-                    # The load writes into the model: it ends before the caller sees the rehearsal's error, and
-                    # an error of its own is logged, not lost behind the one raised.
-                    failed = loading.exception()
-                    if failed is not None:
-                        logger.error("buildops: %s: the load failed too, beside the failed rehearsal", name,
-                                     exc_info=failed)
-                    raise
-                loaded = loading.result()
-    with phase(f"{name}: wait for GPU builds"):
-        from ._capture import GraphCaptureDuringBuild, prepare_graph_capture  # here: this module imports no torch
-
-        try:
-            prepare_graph_capture()
-        except GraphCaptureDuringBuild as stuck:  # a build that hangs must not fail a start: its op compiles on
-            # first use, and the capture guard still refuses a CUDA graph capture while it runs
-            logger.warning("%s", stuck)
-    with phase(f"{name}: collect garbage"):
-        # The rehearsal's replays leave short-lived objects in reference cycles; collect them now rather than in
-        # the middle of the first request. A full collection, though it walks every object torch and Triton made
-        # (125-160 ms on the CPU machine, benchmarks/rehearsal_garbage.py): the young generations alone cost
-        # next to nothing, but garbage that outlived two automatic collections (through the load, the builds'
-        # completions) is in the oldest, and a full collection also resets the count of promoted objects that
-        # decides when the next full one runs, in serving. Collecting under the load instead, right after the
-        # rehearsal, made the load longer by about as much (it holds the GIL that the loader needs between reads).
-        gc.collect()
-    return loaded
+            return load()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="buildops-load") as loader:
+        with phase(f"{name}: load"):
+            loading = loader.submit(load)
+            try:
+                with phase(f"{name}: rehearsal"), rehearsal(name):
+                    rehearse()
+            except BaseException:
+                # The load writes into the model: it ends before the caller sees the rehearsal's error, and an
+                # error of its own is logged, not lost behind the one raised.
+                failed = loading.exception()
+                if failed is not None:
+                    logger.error("buildops: %s: the load failed too, beside the failed rehearsal", name,
+                                 exc_info=failed)
+                raise
+            return loading.result()

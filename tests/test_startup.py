@@ -1,8 +1,10 @@
+import gc
 import os
 import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -122,8 +124,6 @@ def test_a_failed_rehearsal_beside_a_failed_load_raises_its_error_and_logs_the_l
 
 
 def test_rehearse_then_load_collects_the_rehearsals_garbage_before_it_returns():
-    import gc
-    import weakref
     collected = []
 
     class Cycle:
@@ -137,8 +137,53 @@ def test_rehearse_then_load_collects_the_rehearsals_garbage_before_it_returns():
     try:
         rehearse_then_load(rehearse, lambda: None)
         assert collected == ["the rehearsal's cycle"]
+        assert gc.get_freeze_count() == 0  # frozen only when asked
     finally:
         gc.enable()
+
+
+class _Cycle:
+    """Freed only by the cycle collector; says so in ``collected``."""
+
+    def __init__(self, collected: list, name: str):
+        self.me = self
+        weakref.finalize(self, collected.append, name)
+
+
+def test_rehearse_then_load_can_freeze_the_heap_and_collect_only_what_the_start_made():
+    collected = []
+    _Cycle(collected, "garbage left before the start")
+    gc.disable()
+    try:
+        assert gc.get_freeze_count() == 0
+        loaded = rehearse_then_load(lambda: _Cycle(collected, "the rehearsal's garbage"), lambda: ["weights"],
+                                    freeze_heap=True)
+        assert collected == ["the rehearsal's garbage"]
+        assert gc.get_freeze_count() > 0 and not any(o is loaded for o in gc.get_objects())  # frozen with the rest
+        gc.collect()
+        assert collected == ["the rehearsal's garbage"]  # frozen as the start began: not collected, as documented
+        gc.unfreeze()
+        gc.collect()
+        assert collected == ["the rehearsal's garbage", "garbage left before the start"]
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
+def test_a_failed_start_unfreezes_the_heap_unless_something_was_frozen_before():
+    def load():
+        raise OSError("checkpoint shard 3 is missing")
+
+    try:
+        with pytest.raises(OSError, match="shard 3"):
+            rehearse_then_load(lambda: None, load, freeze_heap=True)
+        assert gc.get_freeze_count() == 0
+        gc.freeze()  # the engine's own, which the start cannot tell from its own: left frozen
+        with pytest.raises(OSError, match="shard 3"):
+            rehearse_then_load(lambda: None, load, freeze_heap=True)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
 
 
 def test_build_workers_start_early_only_where_builds_use_them():

@@ -5,9 +5,10 @@
     buildops  start the build workers (before importing torch) -> create the model (its GEMM builds queue from
               the configuration, before the allocation) -> dummy weights -> rehearsal (a context batch at the
               maximum token count, one decode step) with the checkpoint's load begun beside it, the builds
-              running meanwhile -> join the GPU builds -> serve. ``--load-after-rehearsal`` begins the load
-              once the rehearsal is done, for comparison: slower in 7 of 8 runs while the rehearsal took
-              seconds, within the noise since it takes 0.15 s (docs/benchmarks.md)
+              running meanwhile -> join the GPU builds -> collect the garbage and freeze the heap -> serve.
+              ``--load-after-rehearsal`` begins the load once the rehearsal is done, for comparison: slower in 7
+              of 8 runs while the rehearsal took seconds, within the noise since it takes 0.15 s
+              (docs/benchmarks.md)
     warmup    create -> load -> the same two forwards for real, one kernel compile after another -> serve
     lazy      create -> load -> serve (every kernel compiles in the first requests)
 
@@ -88,7 +89,9 @@ def start(how: str, model_config, checkpoint: Path, device: str, family: bool = 
             model = TinyLlm(model_config, device)
         with phase("dummy weights"):
             model.dummy_weights()
-        rehearse_then_load(model.rehearse, lambda: load_checkpoint(model, checkpoint), overlap=overlap)
+        # The heap frozen once started, as vLLM's engine does: the model lives as long as the process.
+        rehearse_then_load(model.rehearse, lambda: load_checkpoint(model, checkpoint), overlap=overlap,
+                           freeze_heap=True)
         return model
     with phase("create model"):
         model = TinyLlm(model_config, device)
