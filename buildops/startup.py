@@ -257,9 +257,10 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
     (0.09 s less in a start on the GPU host, docs/benchmarks.md). The price is the engine's to weigh: nothing
     frozen is ever collected until ``gc.unfreeze()``, neither garbage left before the call nor what becomes
     garbage later (a model dropped in a reference cycle keeps its GPU memory). If the call raises, the heap is
-    unfrozen again, unless something was frozen before it (which this cannot tell from its own).
+    unfrozen again, whatever froze it: a frozen object is only a collection skipped, so unfreezing one frozen
+    before costs time in collections, never a wrong one, where leaving frozen what the failed start froze could
+    keep its garbage for good.
     """
-    unfreeze_on_error = freeze_heap and gc.get_freeze_count() == 0
     if freeze_heap:
         gc.freeze()
     try:
@@ -273,7 +274,7 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
                 # first use, and the capture guard still refuses a CUDA graph capture while it runs
                 logger.warning("%s", stuck)
     except BaseException:
-        if unfreeze_on_error:
+        if freeze_heap:
             gc.unfreeze()
         raise
     with phase(f"{name}: collect garbage"):

@@ -133,11 +133,12 @@ def test_rehearse_then_load_collects_the_rehearsals_garbage_before_it_returns():
     def rehearse():
         weakref.finalize(Cycle(), collected.append, "the rehearsal's cycle")
 
+    frozen = gc.get_freeze_count()  # not always 0: Python 3.12 on the GPU host starts with some frozen
     gc.disable()  # no automatic collection in between: only rehearse_then_load's own
     try:
         rehearse_then_load(rehearse, lambda: None)
         assert collected == ["the rehearsal's cycle"]
-        assert gc.get_freeze_count() == 0  # frozen only when asked
+        assert gc.get_freeze_count() == frozen  # frozen only when asked
     finally:
         gc.enable()
 
@@ -153,13 +154,13 @@ class _Cycle:
 def test_rehearse_then_load_can_freeze_the_heap_and_collect_only_what_the_start_made():
     collected = []
     _Cycle(collected, "garbage left before the start")
+    frozen = gc.get_freeze_count()
     gc.disable()
     try:
-        assert gc.get_freeze_count() == 0
         loaded = rehearse_then_load(lambda: _Cycle(collected, "the rehearsal's garbage"), lambda: ["weights"],
                                     freeze_heap=True)
         assert collected == ["the rehearsal's garbage"]
-        assert gc.get_freeze_count() > 0 and not any(o is loaded for o in gc.get_objects())  # frozen with the rest
+        assert gc.get_freeze_count() > frozen and not any(o is loaded for o in gc.get_objects())  # frozen too
         gc.collect()
         assert collected == ["the rehearsal's garbage"]  # frozen as the start began: not collected, as documented
         gc.unfreeze()
@@ -170,20 +171,13 @@ def test_rehearse_then_load_can_freeze_the_heap_and_collect_only_what_the_start_
         gc.enable()
 
 
-def test_a_failed_start_unfreezes_the_heap_unless_something_was_frozen_before():
+def test_a_failed_start_unfreezes_the_heap():
     def load():
         raise OSError("checkpoint shard 3 is missing")
 
-    try:
-        with pytest.raises(OSError, match="shard 3"):
-            rehearse_then_load(lambda: None, load, freeze_heap=True)
-        assert gc.get_freeze_count() == 0
-        gc.freeze()  # the engine's own, which the start cannot tell from its own: left frozen
-        with pytest.raises(OSError, match="shard 3"):
-            rehearse_then_load(lambda: None, load, freeze_heap=True)
-        assert gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()
+    with pytest.raises(OSError, match="shard 3"):
+        rehearse_then_load(lambda: None, load, freeze_heap=True)
+    assert gc.get_freeze_count() == 0  # what was frozen before too: a frozen object is only a collection skipped
 
 
 def test_build_workers_start_early_only_where_builds_use_them():
