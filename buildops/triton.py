@@ -23,6 +23,7 @@ import contextvars
 import logging
 import os
 import pickle
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -325,6 +326,35 @@ if _original_parse is not None:
     JITFunction.parse = _parse_one_at_a_time
 
 
+# Triton loads the helper modules it compiles (up to 3.6, one C launcher per kernel signature) each from a file of
+# its own but all under one module name, "__triton_launcher". CPython keeps a single-phase extension module in
+# sys.modules under its name, and loading such a file a second time (a launcher made again, or one that variants
+# share) fills the module it finds there with the file's functions: that of another signature, loaded last. A
+# thread that had just loaded that one, and had not yet read its ``launch``, took the other's: a start of the tiny
+# LLM failed at its first request with "TypeError: function takes exactly 23 arguments (18 given)" (builder
+# threads making launchers at once, on the GPU host). Loaded one at a time, and out of sys.modules once loaded, a
+# module Triton holds is beyond the reach of any later load.
+_module_load_lock = threading.Lock()
+try:
+    from triton.runtime import build as _triton_build
+
+    _original_load_module = _triton_build._load_module_from_path
+except (ImportError, AttributeError):  # another Triton: its loads stay as they are
+    _original_load_module = None
+
+
+def _load_module_alone(name: str, path: str) -> Any:
+    with _module_load_lock:
+        module = _original_load_module(name, path)
+        if sys.modules.get(name) is module:
+            del sys.modules[name]
+    return module
+
+
+if _original_load_module is not None:
+    _triton_build._load_module_from_path = _load_module_alone
+
+
 # -- worker processes -----------------------------------------------------------------------------------------
 
 try:
@@ -339,8 +369,8 @@ _triton_key_lock = threading.Lock()
 def _new_locks_after_fork() -> None:
     # A forked child has none of this process's threads: a lock that one of them held would stay held there.
     global _load_lock, _triton_key_lock, _launcher_locks, _launcher_locks_lock, _driver_lock, _patch_lock
-    global _listed_lock, _parse_lock
-    _load_lock, _triton_key_lock = threading.Lock(), threading.Lock()
+    global _listed_lock, _parse_lock, _module_load_lock
+    _load_lock, _triton_key_lock, _module_load_lock = threading.Lock(), threading.Lock(), threading.Lock()
     _launcher_locks, _launcher_locks_lock = {}, threading.Lock()
     _driver_lock, _patch_lock, _listed_lock = threading.Lock(), threading.Lock(), threading.Lock()
     _parse_lock = threading.RLock()

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -406,7 +407,8 @@ def test_threads_make_a_shared_launcher_one_at_a_time_and_other_launchers_beside
 
 def test_a_forked_child_gets_every_lock_of_the_triton_module_free():
     import threading as _threading
-    names = ("_load_lock", "_triton_key_lock", "_launcher_locks_lock", "_driver_lock", "_patch_lock", "_listed_lock")
+    names = ("_load_lock", "_triton_key_lock", "_launcher_locks_lock", "_driver_lock", "_patch_lock", "_listed_lock",
+             "_module_load_lock")
     held, release = _threading.Event(), _threading.Event()
 
     def hold_them():  # another thread holds them as the process forks
@@ -461,3 +463,33 @@ def test_threads_parsing_kernels_at_once_never_fail():
         gc.callbacks.remove(handover)
         gc.set_threshold(*threshold)
     assert errors == []
+
+
+_LAUNCHER_SOURCE = """
+#include <Python.h>
+static PyObject* launch(PyObject* self, PyObject* args) { return PyUnicode_FromString("%s"); }
+static PyMethodDef methods[] = {{"launch", launch, METH_VARARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "__triton_launcher", NULL, -1, methods};
+PyMODINIT_FUNC PyInit___triton_launcher(void) { return PyModule_Create(&module); }
+"""
+
+
+def test_a_launcher_loaded_again_leaves_the_other_signatures_launcher_alone(tmp_path, monkeypatch):
+    """Up to Triton 3.6 every signature's launcher is a C module named "__triton_launcher": loading signature A's a
+    second time used to fill in the module in sys.modules, signature B's, with A's launch (what a thread that had
+    just loaded B then called)."""
+    import shutil
+
+    build = pytest.importorskip("triton.runtime.build")
+    if not hasattr(build, "compile_module_from_src") or shutil.which(os.environ.get("CC", "gcc")) is None:
+        pytest.skip("this Triton compiles no helper modules here, or no C compiler")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+
+    def launcher(signature: str):
+        return build.compile_module_from_src(_LAUNCHER_SOURCE % signature, "__triton_launcher")
+
+    a, b = launcher("A"), launcher("B")
+    assert (a.launch(), b.launch()) == ("A", "B")
+    again = launcher("A")  # from Triton's cache now
+    assert (again.launch(), b.launch(), a.launch()) == ("A", "B", "A")
+    assert "__triton_launcher" not in sys.modules
