@@ -273,22 +273,22 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
             except GraphCaptureDuringBuild as stuck:  # a build that hangs must not fail a start: its op compiles on
                 # first use, and the capture guard still refuses a CUDA graph capture while it runs
                 logger.warning("%s", stuck)
+        with phase(f"{name}: collect garbage"):
+            # The rehearsal's replays leave short-lived objects in reference cycles; collect them now rather than
+            # in the middle of the first request. A full collection, though it walks every object torch and
+            # Triton made (125-160 ms on the CPU machine, benchmarks/rehearsal_garbage.py) unless the heap was
+            # frozen: the young generations alone cost next to nothing, but garbage that outlived two automatic
+            # collections (through the load, the builds' completions) is in the oldest, and a full collection
+            # also resets the count of promoted objects that decides when the next full one runs, in serving.
+            # Collecting under the load instead, right after the rehearsal, made the load longer by about as much
+            # (it holds the GIL that the loader needs between reads).
+            gc.collect()
     except BaseException:
         if freeze_heap:
             gc.unfreeze()
         raise
-    with phase(f"{name}: collect garbage"):
-        # The rehearsal's replays leave short-lived objects in reference cycles; collect them now rather than in
-        # the middle of the first request. A full collection, though it walks every object torch and Triton made
-        # (125-160 ms on the CPU machine, benchmarks/rehearsal_garbage.py) unless the heap was frozen: the young
-        # generations alone cost next to nothing, but garbage that outlived two automatic collections (through
-        # the load, the builds' completions) is in the oldest, and a full collection also resets the count of
-        # promoted objects that decides when the next full one runs, in serving. Collecting under the load
-        # instead, right after the rehearsal, made the load longer by about as much (it holds the GIL that the
-        # loader needs between reads).
-        gc.collect()
-        if freeze_heap:
-            gc.freeze()
+    if freeze_heap:
+        gc.freeze()
     return loaded
 
 

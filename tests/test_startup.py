@@ -138,7 +138,7 @@ def test_rehearse_then_load_collects_the_rehearsals_garbage_before_it_returns():
     try:
         rehearse_then_load(rehearse, lambda: None)
         assert collected == ["the rehearsal's cycle"]
-        assert gc.get_freeze_count() == frozen  # frozen only when asked
+        assert gc.get_freeze_count() <= frozen  # frozen only when asked (a frozen object may be freed meanwhile)
     finally:
         gc.enable()
 
@@ -171,13 +171,21 @@ def test_rehearse_then_load_can_freeze_the_heap_and_collect_only_what_the_start_
         gc.enable()
 
 
-def test_a_failed_start_unfreezes_the_heap():
+def test_a_failed_start_unfreezes_the_heap(monkeypatch):
     def load():
         raise OSError("checkpoint shard 3 is missing")
 
     with pytest.raises(OSError, match="shard 3"):
         rehearse_then_load(lambda: None, load, freeze_heap=True)
     assert gc.get_freeze_count() == 0  # what was frozen before too: a frozen object is only a collection skipped
+
+    def interrupted():
+        raise KeyboardInterrupt  # a Ctrl-C during the final collection
+
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(gc, "collect", interrupted)
+        rehearse_then_load(lambda: None, lambda: None, freeze_heap=True)
+    assert gc.get_freeze_count() == 0
 
 
 def test_build_workers_start_early_only_where_builds_use_them():
@@ -275,8 +283,10 @@ def test_the_preparation_builds_the_helper_module_where_the_helper_did_not(monke
 NO_GUARD = r"""
 import buildops.startup
 buildops.startup.start_build_workers()  # at import, with no `if __name__ == "__main__":`
-import time
-time.sleep(3)  # long enough for the workers to start, and to import this module
+import concurrent.futures
+from buildops._triton_pool import workers
+workers.get()
+concurrent.futures.wait(workers._starting, timeout=100)  # until each worker has imported this module, and failed
 """
 
 
