@@ -66,6 +66,13 @@ def _parse_whole(unit: str) -> Callable[[str, str], int]:
     return parse
 
 
+def _parse_niceness(name: str, raw: str) -> int:
+    value = raw.strip()
+    if not (value.isascii() and value.isdigit()) or int(value) > 19:
+        raise ConfigError(f"{name}={raw!r}: expected a whole number from 0 (the engine's priority) to 19 (the lowest)")
+    return int(value)
+
+
 def _parse_seconds(name: str, raw: str) -> float:
     try:
         value = float(raw.strip())
@@ -183,6 +190,11 @@ _SETTINGS = {
     "switch_interval_us": _Setting(
         "BUILDOPS_SWITCH_INTERVAL_US", _parse_whole("microseconds"), lambda: 200,
         "The GIL's switch interval (microseconds) at most, while builds run; 0 leaves it alone.",
+    ),
+    "worker_nice": _Setting(
+        "BUILDOPS_WORKER_NICE", _parse_niceness, lambda: 10,
+        "How much build worker processes lower their CPU priority (added to their niceness, 0-19), so that the "
+        "engine's own threads run first where the cores are all busy; 0 leaves it.",
     ),
     "build_timeout": _Setting(
         "BUILDOPS_BUILD_TIMEOUT", _parse_seconds, lambda: 900.0,

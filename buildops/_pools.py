@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import concurrent.futures.process
+import functools
 import logging
 import multiprocessing
 import os
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._builder import add_shutdown_hook
+from ._config import settings
 
 __all__ = ["WorkerPool"]
 
@@ -57,13 +59,27 @@ def _context(preload: Sequence[str], first: Sequence[str] = ()) -> multiprocessi
     return context
 
 
+def _start_worker(nice: int, initializer: Callable | None) -> None:
+    """A worker's first step: lower its CPU priority by ``nice`` (the compilers it runs inherit it), then run the
+    pool's initializer. Builds overlap the engine's start (its loader, its main thread): where the cores are all
+    busy, the engine's threads run first and the builds take what is left."""
+    if nice:
+        try:
+            os.nice(nice)
+        except OSError:  # not permitted here: the worker builds at the engine's priority
+            pass
+    if initializer is not None:
+        initializer()
+
+
 class WorkerPool:
     """A lazily started pool of worker processes.
 
     Args:
         name: what logs call the workers.
         workers: how many, asked when the pool starts.
-        initializer: run in each worker as it starts.
+        initializer: run in each worker as it starts, once the worker has lowered its CPU priority
+            (``BUILDOPS_WORKER_NICE``).
         warm_up: a task submitted once per worker when the pool starts, so that all of them start at once and
             :meth:`warm` can tell when they have (each runs ``initializer`` before its first task).
         preload: modules the forkserver imports once, before it forks any worker (see the module docstring),
@@ -111,11 +127,17 @@ class WorkerPool:
                 workers = self._workers()
                 pool = concurrent.futures.ProcessPoolExecutor(
                     max_workers=workers, mp_context=_context(self._preload, self._preload_first),
-                    initializer=self._initializer)
+                    initializer=self._worker_start())
                 if self._warm_up is not None:
                     self._starting = [pool.submit(self._warm_up) for _ in range(workers)]
                 self._pool = pool  # only now: warm() must not see a pool without its warm-up futures
             return self._pool
+
+    def _worker_start(self) -> Callable[[], None]:
+        # The setting is read here, in this process, as the pool starts: a bad value raises where the pool is asked
+        # for, not in every worker (which would break the pool), and the workers follow this process's environment,
+        # not the one a forkserver started earlier inherited.
+        return functools.partial(_start_worker, settings.worker_nice, self._initializer)
 
     def start(self) -> None:
         """Start the workers on a thread of their own and return at once."""
@@ -153,7 +175,7 @@ class WorkerPool:
         logger.warning("buildops: a %s worker crashed while it built %s (or another build beside it); retrying it "
                        "once in a worker of its own", self.name, what)
         alone = concurrent.futures.ProcessPoolExecutor(1, mp_context=_context(self._preload, self._preload_first),
-                                                       initializer=self._initializer)
+                                                       initializer=self._worker_start())
         with self._lock:
             self._alone.add(alone)  # stop_workers() stops it too
         try:

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from ._config import triton_executor
+from ._config import settings, triton_executor
 from ._passes import rehearsal
 
 __all__ = ["phase", "phases", "rehearse_then_load", "start_build_workers"]
@@ -62,7 +62,8 @@ def start_build_workers() -> bool:
     A short-lived process builds Triton's CUDA helper module into Triton's cache meanwhile (the driver's first
     use would build it, in the engine's thread), and once the engine has imported torch and Triton, a background
     thread hashes Triton's install (the first build needs it), with the GIL's short switch interval held
-    (``BUILDOPS_SWITCH_INTERVAL_US``). None of it touches a GPU. Without Triton it does nothing.
+    (``BUILDOPS_SWITCH_INTERVAL_US``). None of it touches a GPU. Without Triton it does nothing. The workers run
+    below this process's CPU priority (``BUILDOPS_WORKER_NICE``; a bad value raises here).
 
     Call it under ``if __name__ == "__main__":`` (workers import the main module as they start), and after
     setting ``TRITON_CACHE_DIR`` if the engine sets it: the helper's process takes the cache from the environment
@@ -73,6 +74,7 @@ def start_build_workers() -> bool:
     global _prepared
     if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
         return False
+    settings.worker_nice  # noqa: B018 - a bad value raises here, at the engine's call, not on the starting thread
     from ._triton_pool import workers
 
     workers.start()  # nothing if they run: buildops.shutdown() stops them, and then this starts them again

@@ -24,6 +24,8 @@ from conftest import WAIT
     ("BUILDOPS_TRITON_TARGET", "cuda:\u00b2", "triton_target", "BUILDOPS_TRITON_TARGET='cuda:\u00b2': expected"),
     ("BUILDOPS_NODE_LOCKS", "locks", "node_locks", "BUILDOPS_NODE_LOCKS='locks': expected an absolute directory"),
     ("BUILDOPS_BUILD_TIMEOUT", "10m", "build_timeout", "BUILDOPS_BUILD_TIMEOUT='10m': expected a number of seconds"),
+    ("BUILDOPS_WORKER_NICE", "20", "worker_nice", "BUILDOPS_WORKER_NICE='20': expected a whole number from 0"),
+    ("BUILDOPS_WORKER_NICE", "-5", "worker_nice", "BUILDOPS_WORKER_NICE='-5': expected a whole number from 0"),
 ])
 def test_bad_settings_name_the_variable(monkeypatch, variable, value, attribute, message):
     monkeypatch.setenv(variable, value)

@@ -48,6 +48,20 @@ def test_a_forked_child_starts_workers_of_its_own():
         pool.shutdown()
 
 
+def test_workers_lower_their_cpu_priority_by_the_setting_read_when_the_pool_starts():
+    from buildops import settings
+
+    mine = os.nice(0)
+    for nice, expected in [(5, min(19, mine + 5)), (0, mine)]:
+        with settings.scope(worker_nice=nice):
+            pool = WorkerPool("test", lambda: 1)
+            pool.get()
+        try:  # the scope has ended: the workers keep what the pool started with
+            assert pool.run("its niceness", os.nice, 0) == expected
+        finally:
+            pool.shutdown()
+
+
 def test_a_crashing_build_fails_alone_and_the_builds_beside_it_finish():
     import threading
     import time

@@ -201,6 +201,15 @@ def test_build_workers_start_early_only_where_builds_use_them():
         assert triton_builds._processes.warm()  # started, and every worker warmed up without an error
 
 
+def test_a_bad_worker_priority_setting_fails_the_call_that_starts_the_workers(monkeypatch):
+    triton_builds = pytest.importorskip("buildops.triton")
+    monkeypatch.setenv("BUILDOPS_WORKER_NICE", "low")
+    with buildops.settings.scope(executor="processes"), \
+            pytest.raises(buildops.ConfigError, match="BUILDOPS_WORKER_NICE='low'"):
+        start_build_workers()  # here, where the engine sees it, not on the thread that would start them
+    assert not triton_builds._processes.started
+
+
 EARLY_START = r"""
 import glob, os, sys, threading, time
 import buildops.startup
