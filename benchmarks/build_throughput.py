@@ -5,7 +5,7 @@
 1. serial: one ``JITFunction.warmup`` after another, on the main thread;
 2. threads: a plain thread pool of N calling warmup (what a thread-only builder does);
 3. processes: a warm pool of N spawned processes, each compiling into the shared Triton cache;
-4. buildops: each launch listed by ``buildops.triton.triton_builds`` and submitted to the builder at once (as a
+4. buildops: each launch listed by ``buildops.backends.triton.triton_builds`` and submitted to the builder at once (as a
    pass does) with its default executor (auto), its worker processes already started (as they are once a pass's
    first build started them), then joined; this includes loading every kernel into the parent, as a pass does.
 
@@ -100,8 +100,8 @@ def main() -> None:
     launches = variants()
 
     import buildops
-    from buildops._triton_worker import start
-    from buildops.triton import target
+    from buildops.backends.triton.worker import start
+    from buildops.backends.triton import target
 
     t = target()  # a compile-only driver when there is no GPU
     fresh_caches()
@@ -117,14 +117,15 @@ def main() -> None:
                                                 [os.environ["TRITON_CACHE_DIR"]] * len(launches))))
 
     from buildops._config import triton_executor
-    from buildops.triton import _processes, triton_builds
+    from buildops.backends.triton import triton_builds
+    from buildops.backends.triton.pool import workers as _processes
     with buildops.settings.scope(threads=workers, progress_after=3600):
         executor = triton_executor()
         if executor != "threads":  # buildops' own workers, started and warm, as a long pass would have them
             _processes.start()
             while not _processes.warm():
                 time.sleep(0.05)
-        builder = buildops._builder.default_builder()
+        builder = buildops._core.default.default_builder()
 
         listing = []
 

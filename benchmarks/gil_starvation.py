@@ -44,7 +44,7 @@ def main() -> None:
     os.environ["FAKE_DEEP_GEMM_GIL_SECONDS"] = str(args.hold)
 
     import buildops
-    from buildops.deep_gemm import GemmShape, deep_gemm_builds
+    from buildops.backends.deep_gemm import GemmShape, deep_gemm_builds
 
     duration = args.hold * args.runs + 0.5
     rows = [("load alone", *checkpoint_load(duration))]
@@ -53,9 +53,9 @@ def main() -> None:
             build = deep_gemm_builds([GemmShape("dense", 256, 256)], args.runs, mode="full",
                                      module="fake_deep_gemm", device="cpu")[0]
             if executor == "processes":  # start the worker first: measure the build, not a process start
-                from buildops.deep_gemm import _pool
+                from buildops.backends.deep_gemm import _pool
                 _pool.get().submit(int).result()
-            future = buildops._builder.default_builder().submit(build)
+            future = buildops._core.default.default_builder().submit(build)
             threading.Event().wait(0.05)
             rows.append((f"build on {executor}", *checkpoint_load(duration)))
             future.result()

@@ -6,7 +6,7 @@ LLM's decode GEMM, 2 ms warmup and 10 ms of repeats) while another thread
     copies 32 MiB pinned chunks asynchronously on a stream of its own, 3 in flight (as the tiny LLM's loader
     does, here back to back, with no file read between them);
     runs Python (as a rehearsal's replays do); and that again with buildops' shorter GIL switch interval
-    (``buildops._gil``, held while builds are in flight).
+    (``buildops._runtime.gil``, held while builds are in flight).
 
     python3 benchmarks/tuning_contention.py
 
@@ -26,7 +26,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from buildops._gil import holding as short_switch_interval  # noqa: E402
+from buildops._runtime.gil import holding as short_switch_interval  # noqa: E402
 from examples.tiny_llm import kernels as K  # noqa: E402
 
 CALLS = 30

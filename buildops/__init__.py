@@ -2,39 +2,54 @@
 
 Decorate ops with :func:`lists_kernels` or :func:`builds_by_running`, run dummy forwards inside
 :func:`build_pass` (or :func:`rehearsal`, which does not wait at its end), and the first call per call signature
-queues compile-only builds for every swept shape on the process's builder. See ``docs/`` for the design.
+queues compile-only builds for every swept shape on the process's builder.
+
+The package is layered; each layer imports only those below it: ``_config`` (settings), ``_runtime`` (processes
+and the host), ``_core`` (specs, builds, the builder, passes, ops), ``backends`` (Triton, FlashInfer, DeepGEMM,
+variant recording), then the public modules ``capture``, ``reporting``, ``startup`` and ``testing``.
 """
 
-from typing import TYPE_CHECKING
+from __future__ import annotations
 
-from ._builder import Build, BuildState, BuildTimeoutError, join, shutdown
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from . import backends  # registers the backends with the core; imports none of their libraries
 from ._config import ConfigError, settings
-from ._families import OpFamily, model_configured, model_created, register_family, unregister_family
-from ._late import LateCompile, LateCompileError, late_compiles
-from ._passes import build_pass, rehearsal
-from .report import report
+from ._core import extensions
+from ._core.build import Build, BuildRecord, BuildState, BuildTimeoutError
+from ._core.default import join, shutdown
+from ._core.families import OpFamily, model_configured, model_created, register_family, unregister_family
+from ._core.late import LateCompile, LateCompileError, late_compiles
+from ._core.passes import build_pass, rehearsal
+from .reporting import OpReport, Report, report
+
+__version__ = "0.2.0"
+
+# A GPU build must not overlap a CUDA graph capture: the guard goes on where the first one is queued.
+extensions.add_first_gpu_build_hook("buildops.capture:install_guard")
 
 # Names from modules that import torch, imported on first use: `import buildops` costs no torch import, so that a
 # startup can call `buildops.startup.start_build_workers()` first thing and start the workers' own imports beside
-# its own (see docs/design.md, "Starting early").
+# its own.
 _FROM_TORCH_MODULES = {
-    "GraphCaptureDuringBuild": "_capture", "prepare_graph_capture": "_capture",
-    "builds_by_running": "_ops", "lists_kernels": "_ops",
-    "BuildConfig": "_specs", "DynamicSpec": "_specs", "SpecError": "_specs", "TensorSpec": "_specs",
+    "GraphCaptureDuringBuild": "capture", "prepare_graph_capture": "capture",
+    "Op": "_core.ops", "lists_kernels": "_core.ops", "builds_by_running": "_core.running",
+    "BuildConfig": "_core.specs", "DynamicSpec": "_core.specs", "SpecError": "_core.specs",
+    "TensorSpec": "_core.specs",
 }
 
 if TYPE_CHECKING:
-    from ._capture import GraphCaptureDuringBuild, prepare_graph_capture
-    from ._ops import builds_by_running, lists_kernels
-    from ._specs import BuildConfig, DynamicSpec, SpecError, TensorSpec
+    from ._core.ops import Op, lists_kernels
+    from ._core.running import builds_by_running
+    from ._core.specs import BuildConfig, DynamicSpec, SpecError, TensorSpec
+    from .capture import GraphCaptureDuringBuild, prepare_graph_capture
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     module = _FROM_TORCH_MODULES.get(name)
     if module is None:
         raise AttributeError(f"module 'buildops' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value  # once: later lookups do not come here
     return value
@@ -47,6 +62,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Build",
     "BuildConfig",
+    "BuildRecord",
     "BuildState",
     "BuildTimeoutError",
     "ConfigError",
@@ -54,9 +70,13 @@ __all__ = [
     "GraphCaptureDuringBuild",
     "LateCompile",
     "LateCompileError",
+    "Op",
     "OpFamily",
+    "OpReport",
+    "Report",
     "SpecError",
     "TensorSpec",
+    "__version__",
     "build_pass",
     "builds_by_running",
     "join",

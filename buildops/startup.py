@@ -40,7 +40,9 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from ._config import settings, triton_executor
-from ._passes import rehearsal
+from ._core.passes import rehearsal
+from ._runtime import gil
+from ._runtime.forking import forget_in_child
 
 __all__ = ["phase", "phases", "rehearse_then_load", "start_build_workers"]
 
@@ -75,7 +77,7 @@ def start_build_workers() -> bool:
     if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
         return False
     settings.worker_nice  # noqa: B018 - a bad value raises here, at the engine's call, not on the starting thread
-    from ._triton_pool import workers
+    from .backends.triton.pool import workers
 
     workers.start()  # nothing if they run: buildops.shutdown() stops them, and then this starts them again
     with _prepare_lock:
@@ -90,14 +92,13 @@ _prepared = False  # what the helper and the background thread do lasts for the 
 _prepare_lock = threading.Lock()
 
 
+@forget_in_child
 def _forget_the_preparation() -> None:
     # A forked child has not the parent's preparation thread; its hash and cache are the parent's, but a child
     # that starts workers of its own prepares again (cheaply: both are done) rather than guess.
     global _prepared, _prepare_lock
     _prepared, _prepare_lock = False, threading.Lock()
 
-
-os.register_at_fork(after_in_child=_forget_the_preparation)
 
 # How long the background preparation waits for the engine to import torch and Triton before it gives up.
 PREPARE_WAIT_SECONDS = 600.0
@@ -113,13 +114,11 @@ def _prepare_builds(utils: subprocess.Popen | None) -> None:
                 _stop(utils)
             return
         time.sleep(0.05)
-    from . import _gil
-
     # Hashing Triton's install is Python and holds the GIL while the engine makes its model: its CUDA calls, each
     # of which hands the GIL back, would wait up to 5 ms apiece for it.
     try:
-        with _gil.holding():
-            from .triton import hash_triton_install
+        with gil.holding():
+            from .backends.triton.build import hash_triton_install
 
             hash_triton_install()
     except Exception:  # builds do it themselves, or fail where someone sees it (a bad setting: at the first build)
@@ -129,7 +128,7 @@ def _prepare_builds(utils: subprocess.Popen | None) -> None:
         from triton import knobs
 
         if built_into != knobs.cache.dir:  # it failed, or the engine moved Triton's cache since
-            with _gil.holding():
+            with gil.holding():
                 _build_triton_utils()
     except Exception:  # the driver builds it when first used
         logger.debug("buildops: building Triton's CUDA utilities in the background failed", exc_info=True)
@@ -268,7 +267,7 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
     try:
         loaded = _rehearse_and_load(rehearse, load, name, overlap)
         with phase(f"{name}: wait for GPU builds"):
-            from ._capture import GraphCaptureDuringBuild, prepare_graph_capture  # here: this module imports no torch
+            from .capture import GraphCaptureDuringBuild, prepare_graph_capture  # here: this module imports no torch
 
             try:
                 prepare_graph_capture()

@@ -15,13 +15,14 @@ for the fixture a process with no builder and no pending builds (settings are th
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from . import _late
-from ._builder import Build, current_builder, shutdown
-from ._passes import BuildPass
+from ._core import late
+from ._core.build import Build
+from ._core.default import current_builder, shutdown
+from ._core.passes import BuildPass
+from ._runtime.hooks import on_reset
 
 __all__ = ["Listing", "ListingRecorder", "fresh_buildops", "record_listings", "reset"]
 
@@ -91,10 +92,8 @@ def reset(timeout: float = 10.0) -> None:
     """
     builder = current_builder()
     shutdown(wait=True, timeout=timeout)
-    _late.reset()
-    triton_backend = sys.modules.get("buildops.triton")  # imported only by processes that use Triton
-    if triton_backend is not None:
-        triton_backend.forget_listed()
+    late.reset()
+    on_reset.run()  # backends forget what they noted (which ops listed which kernels, late-compile watches)
     if builder is not None and builder.busy:
         logger.warning("buildops.testing.reset: %d build(s) still running after %.0f s", builder.busy, timeout)
 

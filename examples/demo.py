@@ -53,7 +53,7 @@ def main() -> None:
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import buildops
-    from buildops.triton import target
+    from buildops.backends.triton import target
     from demo_ops import matmul, rmsnorm, softmax
 
     print(f"buildops demo: {buildops.settings.threads} worker thread(s), executor {buildops.settings.executor}, "

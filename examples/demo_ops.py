@@ -2,7 +2,7 @@
 
 ``softmax`` and ``matmul`` have no hand-written list: buildops lists them by replaying their own host code on fake
 tensors with Triton launches recorded (the matmul's ``@triton.autotune`` gives one build per config).
-``rmsnorm`` shows a hand-written lister instead, which names its launch with :func:`buildops.triton.triton_builds`.
+``rmsnorm`` shows a hand-written lister instead, which names its launch with :func:`buildops.backends.triton.triton_builds`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.T
 
 @rmsnorm.lister
 def _(x, weight, eps):
-    from buildops.triton import triton_builds
+    from buildops.backends.triton import triton_builds
 
     return triton_builds("rmsnorm", _rmsnorm_kernel, x, weight, x, x.shape[1], eps,
                          BLOCK=triton.next_power_of_2(x.shape[1]))

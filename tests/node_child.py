@@ -10,12 +10,12 @@ events = []  # per compile in this process: True when Triton only loaded it from
 knobs.compilation.listener = lambda *, cache_hit, **_: events.append(cache_hit)
 
 import buildops  # noqa: E402
-from buildops.triton import target, triton_builds  # noqa: E402
+from buildops.backends.triton import target, triton_builds  # noqa: E402
 from triton_kernels import MATMUL_VARIANTS, matmul_kernel  # noqa: E402
 
 target()
 print("started", flush=True)
-builder = buildops._builder.default_builder()
+builder = buildops._core.default.default_builder()
 for args, options in MATMUL_VARIANTS:
     for build in triton_builds("matmul", matmul_kernel, *args, **options):
         builder.submit(build)

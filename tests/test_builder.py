@@ -8,7 +8,8 @@ import pytest
 
 import buildops
 from buildops import Build, BuildState, ConfigError, settings
-from buildops._builder import Builder, current_builder, default_builder
+from buildops._core.builder import Builder
+from buildops._core.default import current_builder, default_builder
 
 from conftest import WAIT
 
@@ -66,7 +67,7 @@ def test_the_serial_worker_runs_first_the_serial_builds_whose_after_builds_are_d
 
 
 def test_a_serial_build_runs_anyway_once_it_waited_too_long(runs, monkeypatch):
-    monkeypatch.setattr(buildops._builder, "AFTER_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(buildops._core.builder, "AFTER_WAIT_SECONDS", 0.3)
     builder = Builder(threads=1)
     gate = threading.Event()
     try:
@@ -195,7 +196,7 @@ def test_the_report_keeps_every_build_with_when_it_ran_and_how_long_it_waited():
 def wait_for_no_holders():
     """Other tests' background preparation (``start_build_workers``) may still hold the short interval."""
     deadline = time.monotonic() + WAIT
-    while buildops._gil._holders and time.monotonic() < deadline:
+    while buildops._runtime.gil._holders and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -371,7 +372,7 @@ def test_no_build_timeout_with_zero(runs):
     builder = Builder(threads=1)
     with settings.scope(build_timeout=0):
         future = builder.submit(runs.build("op", "slow", gate=gate))
-        assert not builder.join(timeout=0.3) and builder._watchdog is None
+        assert not builder.join(timeout=0.3) and not builder._watchdog.started
     gate.set()
     assert future.result(WAIT) == "slow"
     builder.shutdown()
@@ -382,7 +383,7 @@ def test_a_given_up_build_is_abandoned_so_a_worker_process_stuck_in_it_stops(cap
 
     import pool_tasks
 
-    from buildops._pools import WorkerPool
+    from buildops._runtime.pools import WorkerPool
 
     pool = WorkerPool("test", lambda: 1)
 
@@ -453,7 +454,7 @@ def test_the_watchdog_still_gives_up_a_build_that_runs_on_after_shutdown(runs):
 
 def test_a_gpu_build_given_up_but_still_running_keeps_graph_capture_refused(runs):
     from buildops import GraphCaptureDuringBuild, prepare_graph_capture
-    from buildops._builder import stuck_gpu_builds
+    from buildops._core.watchdog import stuck_gpu_builds
 
     gate = threading.Event()
     with settings.scope(build_timeout=0.2):

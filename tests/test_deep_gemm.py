@@ -10,8 +10,8 @@ from torch import nn
 
 import buildops
 from buildops import build_pass, model_created, register_family, report, settings, unregister_family
-from buildops._gpu import MemoryGate, NotEnoughGpuMemory
-from buildops.deep_gemm import DeepGemmFamily, GemmShape, deep_gemm_builds, find_gemm_shapes, m_values
+from buildops._runtime.gpu import MemoryGate, NotEnoughGpuMemory
+from buildops.backends.deep_gemm import DeepGemmFamily, GemmShape, deep_gemm_builds, find_gemm_shapes, m_values
 
 from conftest import WAIT
 
@@ -67,7 +67,7 @@ def test_every_shape_runs_at_every_m(calls, executor):
     shapes = [GemmShape("dense", 256, 128), GemmShape("contiguous", 256, 128, 3), GemmShape("masked", 128, 256, 2)]
     with settings.scope(executor=executor), build_pass("warmup"):
         for build in deep_gemm_builds(shapes, 20, mode="full", module="fake_deep_gemm", device="cpu"):
-            buildops._builder.default_builder().submit(build)
+            buildops._core.default.default_builder().submit(build)
         assert buildops.join(timeout=WAIT * 6)
     seen = calls()
     assert report().total("failed") == 0
@@ -84,7 +84,7 @@ def test_every_shape_runs_at_every_m(calls, executor):
 def test_a_worker_gives_its_cached_gpu_memory_back_after_each_run(monkeypatch):
     """In a worker process, what the operands took stays in torch's cache unless emptied, out of reach of the
     engine and of the gate's checks elsewhere. Here in-process, with the GPU faked: the run, then the emptying."""
-    from buildops import deep_gemm
+    from buildops.backends import deep_gemm
 
     events = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("emptied"))
@@ -160,7 +160,7 @@ def test_a_failed_build_run_drops_its_operands():
     operands (GiB on a GPU) alive."""
     import weakref
 
-    from buildops._gpu import run_admitted
+    from buildops._runtime.gpu import run_admitted
 
     class Operands:
         pass
@@ -220,7 +220,7 @@ def test_a_forked_child_neither_keeps_the_parents_gpu_locks_nor_inherits_its_bui
 HOLDER = """
 import sys
 from pathlib import Path
-from buildops._gpu import _NodeHolders
+from buildops._runtime.gpu import _NodeHolders
 _NodeHolders(Path(sys.argv[1]), "gpu-under-test").hold()  # as a build in another process holds its operands
 print("holding", flush=True)
 sys.stdin.read()

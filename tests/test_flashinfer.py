@@ -59,7 +59,7 @@ def test_an_op_lists_a_module_that_builds_unloaded_and_later_loads_without_compi
     import flashinfer.activation
     from flashinfer.jit.activation import gen_act_and_mul_module
 
-    from buildops.flashinfer import module_builds
+    from buildops.backends.flashinfer import module_builds
 
     @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x")
     def silu_and_mul(x):
@@ -100,7 +100,7 @@ def test_two_processes_building_one_module_build_it_once(flashinfer_env, tmp_pat
            "FLASHINFER_NVCC_LAUNCHER": str(launcher)}
     build = textwrap.dedent("""
         from flashinfer.jit.activation import gen_act_and_mul_module
-        from buildops.flashinfer import module_builds
+        from buildops.backends.flashinfer import module_builds
         [build] = module_builds("gelu", [gen_act_and_mul_module("gelu_tanh")])
         print(build.run())
     """)
@@ -148,8 +148,8 @@ def test_replaying_a_decode_plan_lists_its_module_without_building_it(flashinfer
     import flashinfer
     import flashinfer.decode
 
-    from buildops.flashinfer import PLAN_LOOKUPS
-    from buildops.replay import variants
+    from buildops.backends.flashinfer import PLAN_LOOKUPS
+    from buildops.backends.variants import variants
 
     getter = flashinfer.decode.get_batch_decode_module
     workspace = torch.empty(128 << 20, dtype=torch.uint8)
@@ -169,7 +169,7 @@ def test_replaying_a_decode_plan_lists_its_module_without_building_it(flashinfer
 def test_variants_leave_other_threads_their_real_lookup():  # needs no FlashInfer
     import threading
 
-    from buildops.replay import variants
+    from buildops.backends.variants import variants
 
     seen = []
     inside, release = threading.Event(), threading.Event()
@@ -195,7 +195,7 @@ def test_variants_leave_other_threads_their_real_lookup():  # needs no FlashInfe
 def test_variants_with_a_bad_lookup_patch_nothing():  # needs no FlashInfer
     import json
 
-    from buildops.replay import variants
+    from buildops.backends.variants import variants
 
     dumps = json.dumps
     with pytest.raises(ValueError, match="module json has no 'no_such_lookup'"):

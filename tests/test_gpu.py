@@ -61,10 +61,10 @@ def test_demo_ops_after_a_pass_match_torch_with_no_late_compile():
 
 def test_real_deep_gemm_builds_run_every_shape():
     pytest.importorskip("deep_gemm")
-    from buildops.deep_gemm import GemmShape, deep_gemm_builds
+    from buildops.backends.deep_gemm import GemmShape, deep_gemm_builds
 
     shapes = [GemmShape("dense", 4096, 7168), GemmShape("contiguous", 4096, 7168, 8)]
-    builder = buildops._builder.default_builder()
+    builder = buildops._core.default.default_builder()
     for build in deep_gemm_builds(shapes, 256, mode="relaxed"):
         builder.submit(build)
     assert buildops.join(timeout=1800) and report().total("failed") == 0
@@ -76,13 +76,13 @@ def test_deep_gemm_builds_allocate_through_the_gate_on_the_gpu(tmp_path, monkeyp
     """The fake DeepGEMM with CUDA operands: the memory gate reads real free memory; runs on a worker stream."""
     import json
 
-    from buildops.deep_gemm import GemmShape, deep_gemm_builds
+    from buildops.backends.deep_gemm import GemmShape, deep_gemm_builds
 
     log = tmp_path / "calls.jsonl"
     monkeypatch.setenv("FAKE_DEEP_GEMM_LOG", str(log))
     shapes = [GemmShape("dense", 2048, 1024), GemmShape("masked", 1024, 2048, 4)]
     with settings.scope(executor=executor):
-        builder = buildops._builder.default_builder()
+        builder = buildops._core.default.default_builder()
         for build in deep_gemm_builds(shapes, 64, mode="relaxed", module="fake_deep_gemm"):
             assert build.uses_gpu
             builder.submit(build)
@@ -92,7 +92,7 @@ def test_deep_gemm_builds_allocate_through_the_gate_on_the_gpu(tmp_path, monkeyp
     assert {c["fn"] for c in calls} == {"fp8_gemm_nt", "m_grouped_fp8_gemm_nt_masked"}
     with settings.scope(gpu_reserve_mb=10 ** 9):  # a reserve no GPU has: nothing fits, and the report says so
         for build in deep_gemm_builds(shapes[:1], 32, mode="full", module="fake_deep_gemm"):
-            buildops._builder.default_builder().submit(build)
+            buildops._core.default.default_builder().submit(build)
         assert buildops.join(timeout=WAIT * 30)
     assert "NotEnoughGpuMemory" in report().format() and "will compile on first use" in report().format()
 
@@ -148,7 +148,7 @@ def test_autotuning_runs_in_the_build_so_the_first_call_benchmarks_nothing(monke
 def test_variants_made_ready_together_build_their_shared_launcher_once(tmp_path, monkeypatch):
     import triton.runtime.build
 
-    bt = pytest.importorskip("buildops.triton")
+    bt = pytest.importorskip("buildops.backends.triton.build")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import triton_kernels as K
 

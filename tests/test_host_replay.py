@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from buildops._host_replay import _MetaEmptyLike
+from buildops._core.listing import _MetaEmptyLike
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,7 @@ class Recording(type(os.environ)):
 os.environ = Recording(os.environ._data, os.environ.encodekey, os.environ.decodekey,
                        os.environ.encodevalue, os.environ.decodevalue)
 threads = threading.active_count()
-import buildops, buildops.testing, buildops.report
+import buildops, buildops.testing, buildops.reporting
 print(json.dumps({"reads": reads, "threads": threading.active_count() - threads,
                   "optional": sorted(m for m in ("triton", "flashinfer", "deep_gemm") if m in sys.modules)}))
 """

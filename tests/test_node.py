@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from buildops import BuildState
-from buildops._builder import Builder
+from buildops._core.builder import Builder
 
 from conftest import WAIT
 
@@ -71,7 +71,7 @@ def test_a_process_that_dies_mid_build_hangs_nobody(tmp_path):
 
 def test_an_unusable_lock_directory_leaves_builds_unshared_not_lost(runs, tmp_path, monkeypatch, caplog):
     import buildops
-    from buildops._builder import default_builder
+    from buildops._core.default import default_builder
 
     locks = tmp_path / "locks"
     monkeypatch.setenv("BUILDOPS_NODE_LOCKS", str(locks))
@@ -87,7 +87,7 @@ def test_an_unusable_lock_directory_leaves_builds_unshared_not_lost(runs, tmp_pa
 
 
 def test_a_lock_directory_that_cannot_be_made_leaves_builds_unshared(runs, tmp_path, monkeypatch, caplog):
-    from buildops._builder import default_builder
+    from buildops._core.default import default_builder
 
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("BUILDOPS_NODE_LOCKS", str(tmp_path / "a-file" / "locks"))

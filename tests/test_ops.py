@@ -9,7 +9,7 @@ from torch import nn
 import buildops
 from buildops import Build, BuildConfig, DynamicSpec, SpecError, TensorSpec, build_pass, builds_by_running, \
     lists_kernels, rehearsal, report, settings
-from buildops._builder import current_builder
+from buildops._core.default import current_builder
 from buildops.testing import record_listings
 
 from conftest import WAIT

@@ -8,7 +8,7 @@ import torch
 
 import buildops
 from buildops import BuildConfig, BuildState, DynamicSpec, build_pass, lists_kernels, rehearsal, report, settings
-from buildops._builder import current_builder
+from buildops._core.default import current_builder
 
 from conftest import WAIT
 
@@ -194,7 +194,7 @@ def test_join_shows_a_bar_on_a_terminal_when_it_waits_long(runs, capsys, monkeyp
 
 def test_join_logs_progress_elsewhere(runs, caplog, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
-    monkeypatch.setattr("buildops._builder._LoggedProgress.__init__.__defaults__", (0.1,))
+    monkeypatch.setattr("buildops._core.progress._LoggedProgress.__init__.__defaults__", (0.1,))
     op = op_listing(runs, seconds=0.6)
     with caplog.at_level(logging.INFO, logger="buildops"), settings.scope(progress_after=0.1), build_pass("warmup"):
         op(torch.empty(4, 3))

@@ -2,7 +2,7 @@
 
 import os
 
-from buildops._pools import WorkerPool
+from buildops._runtime.pools import WorkerPool
 
 GIVEN_UP = "buildops: stuck was given up, and its test worker stopped"
 
@@ -112,7 +112,7 @@ def test_shutdown_with_a_timeout_does_not_wait_for_a_worker_still_building():
 def test_the_forkserver_imports_the_first_modules_before_the_others_and_keeps_what_was_asked():
     from multiprocessing import forkserver
 
-    from buildops._pools import _context
+    from buildops._runtime.pools import _context
 
     server = forkserver._forkserver
     saved = getattr(server, "_preload_modules", None)
@@ -129,15 +129,15 @@ def test_the_forkserver_imports_the_first_modules_before_the_others_and_keeps_wh
 
 TRITON_PRELOAD = r"""
 import sys, threading
-from buildops._triton_pool import FORKSERVER_PRELOAD, FORKSERVER_PRELOAD_FIRST
+from buildops.backends.triton.pool import FORKSERVER_PRELOAD, FORKSERVER_PRELOAD_FIRST
 for name in FORKSERVER_PRELOAD_FIRST:  # as the forkserver does: in order, before the main module
     __import__(name)
-from buildops import _triton_preload
+from buildops.backends.triton import preload as _triton_preload
 hashing_meanwhile = _triton_preload.hashing is not None and "torch" not in sys.modules
 for name in FORKSERVER_PRELOAD:
     __import__(name)
 from triton.runtime.cache import triton_key
-from buildops import _triton_worker
+from buildops.backends.triton import worker as _triton_worker
 print(hashing_meanwhile, triton_key.cache_info().currsize, _triton_worker._warmed_for,
       [t.name for t in threading.enumerate() if t.name.startswith("buildops")])
 """
@@ -185,7 +185,7 @@ def test_the_triton_forkserver_preload_survives_a_torch_that_fails_to_load(tmp_p
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise OSError('libcudnn.so.9: cannot open shared object file')\n")
     script = (f"import sys, threading; sys.path.insert(0, {str(fake.parent)!r})\n"
-              "from buildops._triton_pool import FORKSERVER_PRELOAD, FORKSERVER_PRELOAD_FIRST\n"
+              "from buildops.backends.triton.pool import FORKSERVER_PRELOAD, FORKSERVER_PRELOAD_FIRST\n"
               "for name in FORKSERVER_PRELOAD_FIRST + FORKSERVER_PRELOAD:\n"
               "    try:\n"
               "        __import__(name)\n"
@@ -254,7 +254,7 @@ def test_shutdown_does_not_wait_for_good_for_a_pool_stuck_starting(monkeypatch):
     import threading
     import time
 
-    import buildops._pools
+    import buildops._runtime.pools
 
     pool = WorkerPool("test", lambda: 1)
     release = threading.Event()
@@ -263,7 +263,7 @@ def test_shutdown_does_not_wait_for_good_for_a_pool_stuck_starting(monkeypatch):
     try:
         started = time.monotonic()
         pool.shutdown(wait=True, deadline=time.monotonic() + 0.3)
-        monkeypatch.setattr(buildops._pools, "START_WAIT_SECONDS", 0.3)
+        monkeypatch.setattr(buildops._runtime.pools, "START_WAIT_SECONDS", 0.3)
         pool.shutdown()
         assert time.monotonic() - started < 10
     finally:
@@ -274,7 +274,7 @@ def test_shutdown_does_not_wait_for_good_for_a_pool_stuck_starting(monkeypatch):
 EXIT_WITH_A_STUCK_WORKER = r"""
 import threading
 import pool_tasks
-from buildops._pools import WorkerPool
+from buildops._runtime.pools import WorkerPool
 
 if __name__ == "__main__":
     pool = WorkerPool("test", lambda: 1)

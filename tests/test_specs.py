@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from buildops import BuildConfig, DynamicSpec, SpecError, TensorSpec
-from buildops._specs import call_signature
+from buildops._core.specs import call_signature
 
 
 def combos(config, fn, **arguments):

@@ -12,7 +12,7 @@ import torch
 import buildops
 from buildops import (BuildConfig, BuildState, DynamicSpec, GraphCaptureDuringBuild, lists_kernels,
                       prepare_graph_capture, settings)
-from buildops._builder import current_builder, default_builder
+from buildops._core.default import current_builder, default_builder
 from buildops.startup import phase, phases, rehearse_then_load, start_build_workers
 
 from conftest import WAIT
@@ -189,25 +189,25 @@ def test_a_failed_start_unfreezes_the_heap(monkeypatch):
 
 
 def test_build_workers_start_early_only_where_builds_use_them():
-    triton_builds = pytest.importorskip("buildops.triton")
+    triton_builds = pytest.importorskip("buildops.backends.triton.pool")
     with buildops.settings.scope(executor="threads"):
-        assert not start_build_workers() and not triton_builds._processes.started
+        assert not start_build_workers() and not triton_builds.workers.started
     with buildops.settings.scope(executor="processes", threads=1):
         assert start_build_workers()  # returns at once; the workers start in the background, with no build
         for _ in range(int(WAIT * 6 / 0.1)):  # warm() only looks: it starts nothing
-            if triton_builds._processes.warm():
+            if triton_builds.workers.warm():
                 break
             time.sleep(0.1)
-        assert triton_builds._processes.warm()  # started, and every worker warmed up without an error
+        assert triton_builds.workers.warm()  # started, and every worker warmed up without an error
 
 
 def test_a_bad_worker_priority_setting_fails_the_call_that_starts_the_workers(monkeypatch):
-    triton_builds = pytest.importorskip("buildops.triton")
+    triton_builds = pytest.importorskip("buildops.backends.triton.pool")
     monkeypatch.setenv("BUILDOPS_WORKER_NICE", "low")
     with buildops.settings.scope(executor="processes"), \
             pytest.raises(buildops.ConfigError, match="BUILDOPS_WORKER_NICE='low'"):
         start_build_workers()  # here, where the engine sees it, not on the thread that would start them
-    assert not triton_builds._processes.started
+    assert not triton_builds.workers.started
 
 
 EARLY_START = r"""
@@ -222,7 +222,7 @@ if __name__ == "__main__":  # workers import the main module as they start (and 
     assert sum(t.name == "buildops-prepare" for t in threading.enumerate()) == 1  # still waiting for torch
     import torch, triton  # the engine's own imports, while the workers start
     from triton.runtime.cache import triton_key
-    from buildops._triton_pool import workers
+    from buildops.backends.triton.pool import workers
 
     def prepared():
         done = not any(t.name.startswith("buildops-prepare") for t in threading.enumerate())
@@ -293,7 +293,7 @@ NO_GUARD = r"""
 import buildops.startup
 buildops.startup.start_build_workers()  # at import, with no `if __name__ == "__main__":`
 import concurrent.futures
-from buildops._triton_pool import workers
+from buildops.backends.triton.pool import workers
 workers.get()
 concurrent.futures.wait(workers._starting, timeout=100)  # until each worker has imported this module, and failed
 """
@@ -310,7 +310,7 @@ def test_a_stuck_gpu_build_does_not_fail_the_start(runs, caplog):
     gate = threading.Event()
     with settings.scope(build_timeout=0.2):
         def rehearse():
-            buildops._builder.default_builder().submit(runs.build("attn", "stuck", gate=gate, uses_gpu=True))
+            buildops._core.default.default_builder().submit(runs.build("attn", "stuck", gate=gate, uses_gpu=True))
         try:
             assert rehearse_then_load(rehearse, lambda: "the loaded model") == "the loaded model"
         finally:

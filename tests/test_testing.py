@@ -1,7 +1,7 @@
 import torch
 
 from buildops import Build, BuildConfig, DynamicSpec, lists_kernels
-from buildops._builder import current_builder
+from buildops._core.default import current_builder
 from buildops.testing import record_listings
 
 

@@ -17,7 +17,15 @@ from buildops.testing import record_listings
 import triton_kernels as K
 from conftest import WAIT
 
-bt = pytest.importorskip("buildops.triton")
+bt = pytest.importorskip("buildops.backends.triton")
+from buildops.backends.triton import autotune, driver, patches, record  # noqa: E402
+from buildops.backends.triton.pool import workers as triton_workers  # noqa: E402
+from buildops.backends.triton.stand_ins import stand_in  # noqa: E402
+from buildops.backends.triton import build as triton_build  # noqa: E402
+from buildops.backends.triton import late as triton_late  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+ORIGINAL_JIT_RUN = JITFunction.run
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +33,7 @@ def fresh_triton(tmp_path, monkeypatch):
     """An empty Triton cache dir, and no kernel already in memory, for each test; counts compiles."""
     bt.target()  # without a GPU: the compile-only driver, so that plain warmups work here too
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
-    for kernel in (K.add_kernel, K.rows_kernel, bt._inner_jit(K.scale_kernel)):
+    for kernel in (K.add_kernel, K.rows_kernel, driver.inner_jit(K.scale_kernel)):
         kernel.device_caches.clear()
     compiles = []
     previous = knobs.runtime.jit_post_compile_hook
@@ -41,9 +49,9 @@ def build_all(builds):
 
 
 def cached(kernel, *args, **kwargs):
-    jit = bt._inner_jit(kernel)
-    stand_ins = tuple(bt._stand_in(a) for a in args)
-    return bt._launch_key(jit, stand_ins, kwargs) in jit.device_caches[0][0]
+    jit = driver.inner_jit(kernel)
+    stand_ins = tuple(stand_in(a) for a in args)
+    return record._launch_key(jit, stand_ins, kwargs) in jit.device_caches[0][0]
 
 
 LAUNCHES = [  # (description, args, options): each a distinct specialization of add_kernel
@@ -68,7 +76,7 @@ def test_a_build_compiles_exactly_the_variant_the_launch_looks_up(fresh_triton):
         assert cached(K.add_kernel, *args(x), **options), description
         K.add_kernel.warmup(*args(x), grid=(1,), **options)  # what a real launch looks up
     assert len(fresh_triton) == len(LAUNCHES)  # ... and it compiled nothing more
-    if bt._compile_only():
+    if driver.compile_only():
         with pytest.raises(RuntimeError, match="never loaded or launched"):
             K.add_kernel[(1,)](x, x, x, 32, BLOCK=128)  # a real launch gets past the cache, to the (absent) GPU
         assert len(fresh_triton) == len(LAUNCHES)
@@ -100,7 +108,7 @@ def test_replay_lists_the_kernels_of_each_swept_shape(fresh_triton):
     assert labels == ["rows_kernel[BLOCK_M=16, BLOCK_N=128]"] * 2 + ["rows_kernel[BLOCK_M=64, BLOCK_N=128]"]
     keys = rec.keys("double_rows")
     assert keys[0] != keys[1]  # n_rows == 1 specializes as a constexpr
-    assert fresh_triton == [] and bt.JITFunction.run is bt._original_jit_run  # nothing compiled, nothing left patched
+    assert fresh_triton == [] and JITFunction.run is ORIGINAL_JIT_RUN  # nothing compiled, nothing left patched
 
 
 def test_after_a_pass_the_op_compiles_nothing(fresh_triton):
@@ -123,7 +131,7 @@ def test_replay_builds_every_autotune_config_left_by_pruning(fresh_triton):
     tuner = K.scale_kernel
     for n in (64, 1000):
         x = torch.zeros(n)
-        for config in bt._configs_to_build(tuner, (x, x, n), {}):  # what autotuning will compile ...
+        for config in record._configs_to_build(tuner, (x, x, n), {}):  # what autotuning will compile ...
             tuner.fn.warmup(x, x, n, grid=(1,), **config.all_kwargs())
     assert len(fresh_triton) == 5  # ... finds every config built
 
@@ -174,9 +182,8 @@ def test_an_autotuning_build_runs_the_tuner_on_zeros_shaped_like_the_launch(monk
         seen.append((args, kwargs))
         tuner.best_config = "best"
 
-    monkeypatch.setattr(bt, "_original_autotuner_run", tuner_run)
-    tune = bt._TuneRun(K.scale_kernel, (bt._Layout(x), x.shape[0], 7), {"scale": bt._Layout(scale), "grid": (1,)},
-                       [], torch.device("cpu"))
+    tune = autotune._TuneRun(K.scale_kernel, (autotune._Layout(x), x.shape[0], 7),
+                             {"scale": autotune._Layout(scale), "grid": (1,)}, [], torch.device("cpu"), tuner_run)
     assert tune() == "best"
     (args, kwargs), = seen
     assert (args[0].shape, args[0].stride(), args[0].storage_offset()) == ((6, 32), (64, 2), 128)
@@ -210,7 +217,7 @@ def test_interception_is_only_on_the_replaying_thread(fresh_triton):
     release.set()
     thread.join(WAIT)
     assert len(thread_result["builds"]) == 1 and len(fresh_triton) == 1
-    assert bt.JITFunction.run is bt._original_jit_run
+    assert JITFunction.run is ORIGINAL_JIT_RUN
 
 
 def test_a_late_compile_is_recorded_and_error_mode_raises():
@@ -267,8 +274,8 @@ def test_worker_processes_build_into_the_cache_and_the_parent_compiles_nothing(f
 
 def test_a_build_reaches_its_worker_before_this_process_hashes_triton(monkeypatch):
     steps = []  # the hash is only for this process's warmup; the first builds of a start used to wait for it
-    monkeypatch.setattr(bt, "_compile_in_process", lambda *args: steps.append("worker compiles"))
-    monkeypatch.setattr(bt, "hash_triton_install", lambda: steps.append("this process hashes Triton"))
+    monkeypatch.setattr(triton_build, "compile_in_process", lambda *args: steps.append("worker compiles"))
+    monkeypatch.setattr(triton_build, "hash_triton_install", lambda: steps.append("this process hashes Triton"))
     x = torch.zeros(64)
     [build] = bt.triton_builds("add", K.add_kernel, x, x, x, 32, BLOCK=128)
     with settings.scope(executor="processes"):
@@ -278,7 +285,7 @@ def test_a_build_reaches_its_worker_before_this_process_hashes_triton(monkeypatc
 
 WARM_FORK = r"""
 import os
-from buildops import _triton_worker as W
+from buildops.backends.triton import worker as W
 
 W.warm_up_compiler()  # what the forkserver does before it forks a worker: a real compile, for cuda:90
 compiles = []
@@ -317,7 +324,7 @@ def test_a_kernel_workers_cannot_import_builds_in_a_thread(tmp_path, parent_comp
         x = torch.zeros(64)
         builds = bt.triton_builds("copy", module.copy, x, x, BLOCK=64)
         with settings.scope(executor="processes", threads=1):
-            buildops._builder.default_builder().submit(builds[0]).result(WAIT * 6)
+            buildops._core.default.default_builder().submit(builds[0]).result(WAIT * 6)
         assert parent_compiles == [True]  # compiled here, in the builder's thread
     finally:
         del sys.modules[spec.name]
@@ -328,7 +335,7 @@ def test_a_worker_killed_mid_build_does_not_hang_the_pass(fresh_triton, caplog):
 
     def kill_the_workers_once_they_run():
         for _ in range(int(WAIT * 6 / 0.05)):
-            pool = bt._processes._pool
+            pool = triton_workers._pool
             processes = list(getattr(pool, "_processes", None) or {}) if pool else []
             if processes:
                 time.sleep(0.3)  # let the first build reach a worker
@@ -354,12 +361,12 @@ def test_auto_builds_in_workers_on_many_cores_and_in_threads_on_few(monkeypatch,
         monkeypatch.setattr(buildops._config, "AUTO_PROCESSES_FROM_CPUS", 10_000)  # a machine with few cores
         with build_pass("few cores"):
             K.double_rows(torch.zeros(4, 8))
-        assert not bt._processes.started and parent_compiles == [True] * 3  # compiled in the builder's thread
+        assert not triton_workers.started and parent_compiles == [True] * 3  # compiled in the builder's thread
         parent_compiles.clear()
         monkeypatch.setattr(buildops._config, "AUTO_PROCESSES_FROM_CPUS", 1)  # a machine with many cores
         with build_pass("many cores"):
             K.double_rows(torch.zeros(40, 100))
-        assert bt._processes.started and report().total("failed") == 0
+        assert triton_workers.started and report().total("failed") == 0
     assert parent_compiles == [False] * 3  # the workers compiled them; this process loaded them
 
 
@@ -387,7 +394,7 @@ def test_threads_make_a_shared_launcher_one_at_a_time_and_other_launchers_beside
         with lock:
             inside[kind] -= 1
 
-    monkeypatch.setattr(bt, "driver", SimpleNamespace(active=SimpleNamespace(launcher_cls=make)))
+    monkeypatch.setattr(triton_build, "driver", SimpleNamespace(active=SimpleNamespace(launcher_cls=make)))
     # Variants and kernels that differ in constants, argument names or pointer types share a launcher; i64 makes
     # another one.
     kernels = [_kernel_with({"x": "*fp32", "n": "i32", "BLOCK": "constexpr"}) for _ in range(3)]
@@ -395,24 +402,25 @@ def test_threads_make_a_shared_launcher_one_at_a_time_and_other_launchers_beside
     kernels += [_kernel_with({"x": "*bf16", "n": "i32", "BLOCK": "constexpr"})]  # all pointers pass alike
     kernels += [_kernel_with({"x": "*bf16", "m": "i64", "BLOCK": "constexpr"}) for _ in range(3)]
     start = threading.Barrier(len(kernels))
-    threads = [threading.Thread(target=lambda k=k: (start.wait(WAIT), bt._make_launcher(k))) for k in kernels]
+    threads = [threading.Thread(target=lambda k=k: (start.wait(WAIT), triton_build._make_launcher(k))) for k in kernels]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(WAIT)
     assert most == {"A": 1, "B": 1}
     assert entered["A"].is_set() and entered["B"].is_set()
-    assert len({bt._launcher_key(k) for k in kernels}) == 2
+    assert len({triton_build._launcher_key(k) for k in kernels}) == 2
 
 
 def test_a_forked_child_gets_every_lock_of_the_triton_module_free():
     import threading as _threading
-    names = ("_load_lock", "_triton_key_lock", "_launcher_locks_lock", "_driver_lock", "_patch_lock", "_listed_lock",
-             "_module_load_lock")
+    names = [(triton_build, "_load_lock"), (triton_build, "_triton_key_lock"), (triton_build, "_launcher_locks_lock"),
+             (driver, "_driver_lock"), (triton_late, "_listed_lock"), (patches, "_module_load_lock"),
+             (patches, "_parse_lock"), (patches, "_held_lock")]
     held, release = _threading.Event(), _threading.Event()
 
     def hold_them():  # another thread holds them as the process forks
-        locks = [getattr(bt, name) for name in names]
+        locks = [getattr(module, name) for module, name in names]
         for lock in locks:
             lock.acquire()
         held.set()
@@ -427,7 +435,7 @@ def test_a_forked_child_gets_every_lock_of_the_triton_module_free():
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:
-            free = all(getattr(bt, name).acquire(timeout=1) for name in names)
+            free = all(getattr(module, name).acquire(timeout=1) for module, name in names)
             os.write(write, b"free" if free else b"held")
             os._exit(0)
         os.close(write)
@@ -455,10 +463,11 @@ def test_threads_parsing_kernels_at_once_never_fail():
                 except SystemError as error:
                     errors.append(error)
         threads = [_threading.Thread(target=parse_many) for _ in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(WAIT * 6)
+        with patches.building():  # as while builds run
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(WAIT * 6)
     finally:
         gc.callbacks.remove(handover)
         gc.set_threshold(*threshold)
@@ -488,8 +497,9 @@ def test_a_launcher_loaded_again_leaves_the_other_signatures_launcher_alone(tmp_
     def launcher(signature: str):
         return build.compile_module_from_src(_LAUNCHER_SOURCE % signature, "__triton_launcher")
 
-    a, b = launcher("A"), launcher("B")
-    assert (a.launch(), b.launch()) == ("A", "B")
-    again = launcher("A")  # from Triton's cache now
-    assert (again.launch(), b.launch(), a.launch()) == ("A", "B", "A")
-    assert "__triton_launcher" not in sys.modules
+    with patches.building():  # as while builds run
+        a, b = launcher("A"), launcher("B")
+        assert (a.launch(), b.launch()) == ("A", "B")
+        again = launcher("A")  # from Triton's cache now
+        assert (again.launch(), b.launch(), a.launch()) == ("A", "B", "A")
+        assert "__triton_launcher" not in sys.modules

@@ -40,7 +40,7 @@ def use_target(backend: str, arch: int, warp_size: int) -> None:
         return
     from triton.runtime.driver import driver
 
-    from .triton import CompileOnlyDriver
+    from .driver import CompileOnlyDriver  # here: this module is imported by the torch-free pool
 
     compile_only = CompileOnlyDriver(backend, arch)
     compile_only.target = type(compile_only.target)(backend, arch, warp_size)
@@ -103,11 +103,11 @@ def compile_variant(module: str, qualname: str, args: tuple, kwargs: dict, cache
                     target: tuple[str, int, int]) -> float:
     """Compile one variant for ``target`` (backend, arch, warp size) into ``cache_dir``; returns the seconds it
     took. The parent then loads it from disk."""
-    from .triton import _inner_jit
+    from .driver import inner_jit
 
     use_target(*target)
     os.environ["TRITON_CACHE_DIR"] = cache_dir
-    jit = _inner_jit(resolve(module, qualname))
+    jit = inner_jit(resolve(module, qualname))
     start_time = time.perf_counter()
     jit.warmup(*args, grid=(1,), **kwargs)
     return time.perf_counter() - start_time

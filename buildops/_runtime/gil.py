@@ -17,12 +17,12 @@ nested and concurrent holds compose. A forked child starts with no holder and th
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 from collections.abc import Iterator
 
-from ._config import settings
+from .._config import settings
+from .forking import forget_in_child
 
 __all__ = ["hold", "holding", "release"]
 
@@ -68,6 +68,7 @@ def holding() -> Iterator[None]:
         release()
 
 
+@forget_in_child
 def _forget_holders_after_fork() -> None:
     # The child has none of the threads that held it; the lock may have been held by one of them.
     global _lock, _holders, _restore_to, _ours
@@ -76,5 +77,3 @@ def _forget_holders_after_fork() -> None:
         sys.setswitchinterval(_restore_to)
     _holders, _restore_to, _ours = 0, None, None
 
-
-os.register_at_fork(after_in_child=_forget_holders_after_fork)

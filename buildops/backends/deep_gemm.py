@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ._builder import Build
-from ._config import settings
-from ._gpu import run_admitted
-from ._pools import WorkerPool
+from .._config import settings
+from .._core.build import Build
+from .._runtime.gpu import run_admitted
+from .._runtime.pools import WorkerPool
 
 __all__ = ["DeepGemmFamily", "GemmShape", "deep_gemm_builds", "find_gemm_shapes", "m_values"]
 

@@ -1,4 +1,4 @@
-"""Variant replay: record which compiled variants an op's plan asks a library for, and build them on workers.
+"""Variant recording: record which compiled variants an op's plan asks a library for, and build them on workers.
 
 Some ops pick a compiled variant through a lookup: an attention wrapper's ``plan()`` asks FlashInfer for the module
 of its head dim, dtypes and mask; a kernel table is keyed by config. Run the plan inside :func:`variants` with the
@@ -21,7 +21,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._builder import Build
+from .._core.build import Build
+from .._runtime.patching import Patch
 
 __all__ = ["VariantRecorded", "variants"]
 
@@ -33,7 +34,7 @@ class VariantRecorded(Exception):
 _recording: contextvars.ContextVar[tuple[str, list[Build]] | None] = contextvars.ContextVar(
     "buildops_variants", default=None)
 _lock = threading.Lock()
-_installed: dict[str, tuple[Any, str, Callable, int]] = {}  # lookup -> (owner, attribute, original, users)
+_patches: dict[str, Patch] = {}  # one per lookup, held while a block records it
 
 
 def _hashable(value: Any) -> Any:
@@ -44,29 +45,31 @@ def _hashable(value: Any) -> Any:
         return repr(value)
 
 
-def _recorder(lookup: str, original: Callable) -> Callable:
-    @functools.wraps(original)
-    def lookup_or_record(*args: Any, **kwargs: Any) -> Any:
-        recording = _recording.get()
-        if recording is None:  # another thread, or outside the block: the real lookup
-            return original(*args, **kwargs)
-        op, builds = recording
-        key = ("variant", lookup, tuple(map(_hashable, args)), tuple(sorted((k, _hashable(v))
-                                                                           for k, v in kwargs.items())))
-        builds.append(Build(op, key, functools.partial(original, *args, **kwargs),
-                            label=f"{lookup.rpartition('.')[2]}{args}", library=lookup.split(".")[0]))
-        raise VariantRecorded(lookup)
-    return lookup_or_record
+def _recorder(lookup: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def lookup_or_record(*args: Any, **kwargs: Any) -> Any:
+            recording = _recording.get()
+            if recording is None:  # another thread, or outside the block: the real lookup
+                return original(*args, **kwargs)
+            op, builds = recording
+            key = ("variant", lookup, tuple(map(_hashable, args)),
+                   tuple(sorted((k, _hashable(v)) for k, v in kwargs.items())))
+            builds.append(Build(op, key, functools.partial(original, *args, **kwargs),
+                                label=f"{lookup.rpartition('.')[2]}{args}", library=lookup.split(".")[0]))
+            raise VariantRecorded(lookup)
+        return lookup_or_record
+    return make
 
 
-def _resolve(lookup: str) -> tuple[Any, str]:
+def _patch(lookup: str) -> Patch:
     module_name, _, attribute = lookup.rpartition(".")
     if not module_name:
         raise ValueError(f"variants: {lookup!r} is not a dotted path like 'flashinfer.decode.get_batch_decode_module'")
     owner = importlib.import_module(module_name)
     if not hasattr(owner, attribute):
         raise ValueError(f"variants: module {module_name} has no {attribute!r}")
-    return owner, attribute
+    return Patch(owner, attribute, _recorder(lookup), "a plan's variant lookups are recorded, not compiled")
 
 
 @contextlib.contextmanager
@@ -76,29 +79,17 @@ def variants(op: str, *lookups: str) -> Iterator[list[Build]]:
     plan call, one variant. Queue the builds with a pass's ops or ``builder.submit``."""
     with _lock:
         # every one resolved before any is installed: a bad one leaves nothing patched
-        resolved = {lookup: _resolve(lookup) for lookup in lookups if lookup not in _installed}
-        for lookup in lookups:
-            if lookup in _installed:
-                owner, attribute, original, users = _installed[lookup]
-                _installed[lookup] = (owner, attribute, original, users + 1)
-            else:
-                owner, attribute = resolved[lookup]
-                original = getattr(owner, attribute)
-                setattr(owner, attribute, _recorder(lookup, original))
-                _installed[lookup] = (owner, attribute, original, 1)
+        patches = [_patches.get(lookup) or _patch(lookup) for lookup in lookups]
+        for lookup, patch in zip(lookups, patches):
+            _patches[lookup] = patch
     builds: list[Build] = []
-    token = _recording.set((op, builds))
-    try:
-        yield builds
-    except VariantRecorded:
-        pass
-    finally:
-        _recording.reset(token)
-        with _lock:
-            for lookup in lookups:
-                owner, attribute, original, users = _installed[lookup]
-                if users == 1:
-                    setattr(owner, attribute, original)
-                    del _installed[lookup]
-                else:
-                    _installed[lookup] = (owner, attribute, original, users - 1)
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch.applied())
+        token = _recording.set((op, builds))
+        try:
+            yield builds
+        except VariantRecorded:
+            pass
+        finally:
+            _recording.reset(token)

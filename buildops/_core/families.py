@@ -15,8 +15,9 @@ import threading
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from ._builder import Build, default_builder
-from ._passes import current_pass
+from .build import Build
+from .default import default_builder
+from .passes import current_pass
 
 __all__ = ["OpFamily", "model_configured", "model_created", "register_family", "unregister_family"]
 

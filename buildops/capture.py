@@ -11,10 +11,13 @@ GPU builds are queued or running.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
-from ._builder import current_builder, join, stuck_gpu_builds
+from ._core.default import current_builder, join
+from ._core.watchdog import stuck_gpu_builds
+from ._runtime.patching import Patch
 
 __all__ = ["GraphCaptureDuringBuild", "prepare_graph_capture"]
 
@@ -38,34 +41,34 @@ def prepare_graph_capture(timeout: float | None = None) -> None:
             f"buildops (BUILDOPS=0)")
 
 
-_installed = False
+def _guarded(original: Any) -> Any:
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        builder = current_builder()
+        pending = builder.gpu_pending() if builder is not None else []
+        stuck = stuck_gpu_builds()  # of a builder shut down since, too (gpu_pending has them as well)
+        if stuck:
+            ops = ", ".join(sorted({build.op for build in stuck}))
+            raise GraphCaptureDuringBuild(
+                f"CUDA graph capture began while {len(stuck)} GPU build(s) of buildops given up as timed out "
+                f"still run (ops: {ops}); no join waits for them. Find why they hang (the log names them)")
+        if pending:
+            ops = ", ".join(sorted({build.op for build in pending}))
+            raise GraphCaptureDuringBuild(
+                f"CUDA graph capture began while {len(pending)} GPU build(s) of buildops are queued or running "
+                f"(ops: {ops}); call buildops.prepare_graph_capture() (or buildops.join(gpu_only=True)) first")
+        return original(self, *args, **kwargs)
+
+    capture_begin.__wrapped__ = original  # type: ignore[attr-defined]
+    return capture_begin
+
+
+_GUARD = Patch(torch.cuda.CUDAGraph, "capture_begin", _guarded,
+               "torch has no hook before a CUDA graph capture begins; work of another thread would invalidate it")
 _lock = threading.Lock()
 
 
 def install_guard() -> None:
-    """Wrap ``CUDAGraph.capture_begin`` (once): the builder calls this when it first receives a GPU build."""
-    global _installed
+    """Guard ``CUDAGraph.capture_begin`` from now on: the builder calls this when it first receives a GPU build."""
     with _lock:
-        if _installed:
-            return
-        original = torch.cuda.CUDAGraph.capture_begin
-
-        def capture_begin(self, *args, **kwargs):
-            builder = current_builder()
-            pending = builder.gpu_pending() if builder is not None else []
-            stuck = stuck_gpu_builds()  # of a builder shut down since, too (gpu_pending has them as well)
-            if stuck:
-                ops = ", ".join(sorted({build.op for build in stuck}))
-                raise GraphCaptureDuringBuild(
-                    f"CUDA graph capture began while {len(stuck)} GPU build(s) of buildops given up as timed out "
-                    f"still run (ops: {ops}); no join waits for them. Find why they hang (the log names them)")
-            if pending:
-                ops = ", ".join(sorted({build.op for build in pending}))
-                raise GraphCaptureDuringBuild(
-                    f"CUDA graph capture began while {len(pending)} GPU build(s) of buildops are queued or running "
-                    f"(ops: {ops}); call buildops.prepare_graph_capture() (or buildops.join(gpu_only=True)) first")
-            return original(self, *args, **kwargs)
-
-        capture_begin.__wrapped__ = original
-        torch.cuda.CUDAGraph.capture_begin = capture_begin
-        _installed = True
+        if not _GUARD.active:
+            _GUARD.acquire()

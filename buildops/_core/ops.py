@@ -20,24 +20,44 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any, Union
+from typing import Any, ParamSpec, Protocol, TypeVar, Union, cast
 
 import torch
 import wrapt
 
-from ._builder import Build, current_builder, on_builder_thread
-from ._config import settings
-from ._gpu import worker_stream
-from ._passes import BuildPass, _current, active
-from ._host_replay import replay
-from ._specs import BuildConfig, DynamicSpec, SpecError, TensorSpec, call_signature
+from .._config import settings
+from .build import Build
+from .builder import on_builder_thread
+from .default import current_builder
+from .listing import replay
+from .passes import BuildPass, _current, active
+from .specs import BuildConfig, SpecError, TensorSpec, call_signature
 
 logger = logging.getLogger("buildops")
 
-__all__ = ["builds_by_running", "lists_kernels"]
+__all__ = ["lists_kernels"]
 
 Output = Union[str, Callable[..., Any], None]
 Lister = Callable[..., Iterable[Build]]
+P = ParamSpec("P")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Op(Protocol[P, R_co]):
+    """What a decorator returns: the op, called as the function it wraps, with two attributes of its own."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any: ...  # a method: bound as the function would be
+
+    def lister(self, fn: Lister) -> Lister:
+        """Register the op's lister (see :meth:`_Op.register_lister`)."""
+        ...
+
+    def builds_for(self, *args: Any, **kwargs: Any) -> list[Build]:
+        """The builds the first call with these arguments would list in a pass (see :meth:`_Op.builds_for`)."""
+        ...
 
 
 def _is_method(fn: Callable) -> bool:
@@ -216,65 +236,6 @@ class _ListingOp(_Op):
         return builds
 
 
-class _RunningOp(_Op):
-    """An op whose kernels compile inside its own run: each build is one real run at a swept shape."""
-
-    def register_lister(self, fn: Lister) -> Lister:
-        raise TypeError(f"{self.name} is a @builds_by_running op: its builds are its own runs, so it takes no lister")
-
-    def builds(self, bound: inspect.BoundArguments, dims: Mapping[str, int]) -> list[Build]:
-        device = next((v.device for v in bound.arguments.values() if isinstance(v, torch.Tensor) and v.is_cuda),
-                      None)
-        key = ("run", self.name, call_signature(bound.arguments, self.config.swept(bound.arguments)),
-               tuple(sorted(dims.items())))
-        run = functools.partial(_run_at, self.fn, bound, self.config.shapes(dims), device)
-        # not shared across processes: the run compiles into this process, and its key names this process's objects
-        return [Build(self.name, key, run, uses_gpu=device is not None, label=f"{self.name} {dict(dims)}",
-                      shared=False)]
-
-
-def _fit(tensor: torch.Tensor, dims: Mapping[int, int]) -> torch.Tensor:
-    """A new tensor like ``tensor`` with the given dims cut (leading slice) or tiled (repeated) to size."""
-    out = tensor
-    for dim, size in dims.items():
-        have = out.shape[dim]
-        if size <= have:
-            out = out.narrow(dim, 0, size)
-        else:
-            if have == 0:
-                raise SpecError(f"cannot tile a tensor whose dim {dim} is 0 up to {size}")
-            repeats = [1] * out.dim()
-            repeats[dim] = -(-size // have)
-            out = out.repeat(*repeats).narrow(dim, 0, size)
-    # Always a copy: a build must never write into (or read while others write) the call's own tensors.
-    return out.clone(memory_format=torch.contiguous_format) if tensor.is_contiguous() else out.clone()
-
-
-def _fitted(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int | None, int]]) -> inspect.BoundArguments:
-    """The call's arguments for one swept shape: swept tensors (and those ``dims=`` ties to them) cut or tiled into
-    copies, swept ints replaced. Other tensors are passed as they are: they are mostly weights and KV caches, and
-    a copy of each per run could take more memory than the GPU has."""
-    call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
-    for name, fitted in shapes.items():
-        call.arguments[name] = fitted[None] if None in fitted else _fit(call.arguments[name], fitted)
-    return call
-
-
-def _run_at(fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int | None, int]],
-            device: torch.device | None) -> None:
-    """One real run of ``fn`` at one swept shape; on a GPU, on this worker's stream, finished before returning."""
-    if device is None:
-        call = _fitted(bound, shapes)
-        fn(*call.args, **call.kwargs)
-        return
-    stream = worker_stream(device)
-    stream.wait_stream(torch.cuda.default_stream(device))  # the dummy inputs were written on the caller's side
-    with torch.cuda.device(device), torch.cuda.stream(stream):
-        call = _fitted(bound, shapes)
-        fn(*call.args, **call.kwargs)
-    stream.synchronize()
-
-
 # -- the wrappers ---------------------------------------------------------------------------------------------
 
 class _FunctionOp(wrapt.FunctionWrapper):
@@ -291,7 +252,7 @@ class _FunctionOp(wrapt.FunctionWrapper):
         return super().__call__(*args, **kwargs)
 
 
-def _wrap(fn: Callable, op: _Op) -> Callable:
+def _wrap(fn: Callable[P, R], op: _Op) -> Op[P, R]:
     """The op's wrapper; ``.lister`` reaches the op through the wrapped function (a proxy forwards attributes)."""
     earlier = getattr(getattr(fn, "lister", None), "__self__", None)
     if isinstance(earlier, _Op):  # a second op on one function would take the first's .lister and .builds_for
@@ -305,7 +266,7 @@ def _wrap(fn: Callable, op: _Op) -> Callable:
         raise TypeError(f"buildops cannot decorate {op.name}: it takes no attributes (wrap it in a function)")
     wrapper = wrapt.FunctionWrapper(fn, op.call) if op.method else _FunctionOp(fn, op.call)
     wrapper._self_op = op
-    return wrapper
+    return cast("Op[P, R]", wrapper)
 
 
 def _ignore_lister(fn: Lister) -> Lister:
@@ -316,7 +277,7 @@ def _no_builds(*args: Any, **kwargs: Any) -> list[Build]:
     return []
 
 
-def _transparent(fn: Callable) -> Callable:
+def _transparent(fn: Callable[P, R]) -> Op[P, R]:
     """``BUILDOPS=0``: the function itself. ``.lister`` is accepted and ignored so decorated modules still import;
     ``.builds_for`` lists nothing."""
     try:
@@ -324,10 +285,11 @@ def _transparent(fn: Callable) -> Callable:
         fn.builds_for = _no_builds  # type: ignore[attr-defined]
     except (AttributeError, TypeError):
         pass
-    return fn
+    return cast("Op[P, R]", fn)
 
 
-def lists_kernels(config: BuildConfig, *, output: Output = None, name: str | None = None) -> Callable:
+def lists_kernels(config: BuildConfig, *, output: Output = None,
+                  name: str | None = None) -> Callable[[Callable[P, R]], Op[P, R]]:
     """Decorate an op that lists its kernels' builds through a lister (``@op.lister``).
 
     Args:
@@ -338,7 +300,7 @@ def lists_kernels(config: BuildConfig, *, output: Output = None, name: str | Non
     """
     _refuse_bare_use("lists_kernels", config)
 
-    def decorate(fn: Callable) -> Callable:
+    def decorate(fn: Callable[P, R]) -> Op[P, R]:
         if not settings.enabled:
             return _transparent(fn)
         return _wrap(fn, _ListingOp(fn, config, output, name, "lists_kernels"))
@@ -350,57 +312,3 @@ def _refuse_bare_use(decorator: str, config: object) -> None:
     if callable(config):
         raise TypeError(f"@{decorator} above {_op_name(config, None)} needs its BuildConfig: "
                         f"@{decorator}(BuildConfig(DynamicSpec('x', dim=0))), not @{decorator} alone")
-
-
-def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int, str]] | None = None,
-                      output: Output = None, name: str | None = None) -> Callable:
-    """Decorate an op whose kernels compile inside its own run (DeepGEMM, JIT-on-first-call code).
-
-    In a pass each new call signature queues one real run per swept shape, on the call's arguments cut or tiled
-    to that shape, on a worker thread (on the worker's own CUDA stream when the arguments are on a GPU). The cut
-    or tiled tensors are copies; other tensor arguments (weights, caches) reach the run as they are, so a tensor
-    the op writes into belongs in ``dims`` unless the run may write into the caller's.
-
-    Args:
-        config: the op's swept dims.
-        dims: more tensors to cut or tile along with a swept dim: ``{"out": 0}`` (dim 0 of ``out`` follows the
-            config's only swept spec) or ``{"out": (0, "x.0")}`` (follows the spec named ``"x.0"``).
-        output, name: as for :func:`lists_kernels`.
-    """
-    _refuse_bare_use("builds_by_running", config)
-
-    def decorate(fn: Callable) -> Callable:
-        if not settings.enabled:
-            return _transparent(fn)
-        with_dims = _with_dims(_op_name(fn, name), config, dims)
-        return _wrap(fn, _RunningOp(fn, with_dims, output, name, "builds_by_running"))
-    return decorate
-
-
-def _with_dims(op: str, config: BuildConfig, dims: Mapping[str, int | tuple[int, str]] | None) -> BuildConfig:
-    """``config`` with a spec per ``dims`` entry, each following a swept spec; errors name the op and the entry."""
-    if not dims or not isinstance(config, BuildConfig):  # no BuildConfig: _Op's own error says what to pass
-        return config
-    free = [s.key for s in config.specs if s.follows is None]
-    example = f"e.g. dims={{'out': 0}} or dims={{'out': (0, {free[0]!r})}}"
-    if not isinstance(dims, Mapping):
-        raise TypeError(f"@builds_by_running on {op}: dims= maps argument names to a dim or (dim, spec name), "
-                        f"{example}; got {dims!r}")
-    extra = []
-    for arg, where in dims.items():
-        if isinstance(where, int) and not isinstance(where, bool):
-            dim, follows = where, None
-        elif (isinstance(where, tuple) and len(where) == 2 and isinstance(where[0], int)
-              and not isinstance(where[0], bool) and isinstance(where[1], str)):
-            dim, follows = where
-        else:
-            raise SpecError(f"@builds_by_running on {op}: dims[{arg!r}] = {where!r}; expected a dim (an int) or "
-                            f"(dim, spec name), {example}")
-        if follows is None and len(free) != 1:
-            raise SpecError(f"@builds_by_running on {op}: dims={{{arg!r}: {dim}}}: the config sweeps {free}; "
-                            f"say which one it follows: {{{arg!r}: ({dim}, {free[0]!r})}}")
-        if follows is not None and follows not in free:
-            raise SpecError(f"@builds_by_running on {op}: dims[{arg!r}] follows {follows!r}, which the config does "
-                            f"not sweep; it sweeps {free}")
-        extra.append(DynamicSpec(arg, dim, follows=follows or free[0]))
-    return config.with_specs(*extra)

@@ -19,7 +19,7 @@ Concurrency model:
     worker in place of the one still inside it. A thread cannot be stopped: when the run returns, its outcome
     is dropped (a compile that did finish is in the library's cache, where the op's first use finds it) and the
     thread ends.
-  * While it has builds queued or running, the builder holds the GIL's short switch interval (``_gil``): its
+  * While it has builds queued or running, the builder holds the GIL's short switch interval (``_runtime.gil``): its
     threads run Python beside an engine's threads that hand the GIL back at every CUDA call or file read.
   * After ``os.fork`` the child forgets the parent's builder (its threads do not exist there, its locks may be
     held) and creates a fresh one when first needed.
@@ -28,23 +28,23 @@ Concurrency model:
 from __future__ import annotations
 
 import concurrent.futures
-import enum
 import logging
-import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import _gil
-from ._config import settings
-from ._node import node_claims
+from .._config import settings
+from .._runtime import gil
+from .._runtime.node import node_claims
+from . import extensions
+from .build import Build, BuildRecord, BuildState, BuildTimeoutError, OpStats
+from .progress import progress_bar
+from .watchdog import Watchdog, stuck, stuck_gpu_builds
 
-__all__ = ["Build", "BuildRecord", "BuildState", "BuildTimeoutError", "Builder", "OpStats", "default_builder",
-           "join", "shutdown"]
+__all__ = ["Builder", "on_builder_thread"]
 
 logger = logging.getLogger("buildops")
 
@@ -52,89 +52,6 @@ logger = logging.getLogger("buildops")
 # another process of the node holds a claim on can take long); its run then copes with what is missing.
 AFTER_WAIT_SECONDS = 120.0
 
-
-@dataclass(frozen=True, slots=True)
-class Build:
-    """One compile-only job.
-
-    Contract for whoever makes builds (listers, library backends):
-      * ``key`` names everything that changes the artifact (kernel, specialization, constexprs, target, options):
-        two builds with equal keys must produce the same artifact, because only the first one runs.
-      * ``run`` compiles into the library's own cache and never launches work on a user's tensors; it may be
-        called on any worker thread; its return value is kept on the future; an exception marks the build failed.
-      * ``uses_gpu`` is true when ``run`` allocates GPU memory or launches GPU work, so that
-        ``join(gpu_only=True)`` waits for it.
-      * ``run`` may have a ``waited`` attribute: the seconds its call spent waiting for other builds (an
-        autotuning for its compiles), which reports count apart from its own time.
-      * ``after`` (serial builds only) names the keys of normal builds this one needs done: the serial worker
-        runs it once they are (keys never submitted, or cancelled, count as done). ``run`` need not wait itself.
-      * ``run`` may have an ``abandon()`` method: called once, on the watchdog's thread and under no lock, when
-        the build is given up as timed out, to stop what can be stopped (a worker process stuck in it), so that
-        the run returns or raises soon. Its outcome is dropped either way.
-    """
-
-    op: str
-    key: Hashable
-    run: Callable[[], Any]
-    uses_gpu: bool = False
-    label: str = ""
-    library: str = ""  # "triton", "flashinfer", ...: what the report counts its coverage by
-    shared: bool = True  # built once per node: other processes wait, then find it in the library's disk cache
-    serial: bool = False  # one at a time, on the builder's serial worker (builds that time GPU work)
-    after: tuple[Hashable, ...] = ()  # serial builds: keys of the normal builds to wait for (see the contract)
-
-    def __post_init__(self) -> None:
-        if self.after and not self.serial:
-            raise ValueError(f"build {self.describe()} of op {self.op}: only serial builds may name builds to run "
-                             f"after (a normal build waiting for others could hold every worker)")
-
-    def describe(self) -> str:
-        if self.label:
-            return self.label
-        try:
-            return repr(self.key)
-        except Exception:  # noqa: BLE001 - a key whose repr raises still gets logged and given up
-            return f"<{type(self.key).__name__} key>"
-
-
-class BuildTimeoutError(RuntimeError):
-    """A build ran longer than ``BUILDOPS_BUILD_TIMEOUT`` and was given up (its future's exception). Not a
-    ``TimeoutError``: a wait that ran out of time is not a build that did."""
-
-
-class BuildState(enum.Enum):
-    QUEUED = "queued"
-    BUILDING = "building"
-    BUILT = "built"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-@dataclass
-class OpStats:
-    """What one op asked of the builder. Seconds are wall-clock seconds summed over builds or waits."""
-
-    listed: int = 0          # builds the op listed, shared ones included
-    shared: int = 0          # of those, builds whose key was already known (queued, built, ... by any op)
-    built: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    build_seconds: float = 0.0
-    wait_seconds: float = 0.0  # time calls of the op spent waiting for builds outside a pass
-
-
-@dataclass(frozen=True)
-class BuildRecord:
-    """One build as the builder saw it: ``seconds`` its run took (0 until it ends), ``waited`` of those spent
-    waiting for other builds, ``started`` the ``time.perf_counter()`` at which its run began (None if it never
-    ran)."""
-
-    build: Build
-    state: BuildState
-    seconds: float
-    waited: float
-    started: float | None
-    error: BaseException | None
 
 
 @dataclass(eq=False)
@@ -175,10 +92,10 @@ class Builder:
         self._in_flight = 0  # records queued or building
         self._closed = False
         self._claims = node_claims()
-        self._running: set[_Record] = set()  # records whose run has a deadline (under the lock)
         self._started_workers = 0  # for worker names: one that replaced a stuck one gets a new name
-        self._watchdog: threading.Thread | None = None
-        self._watch_changed = threading.Condition(self._lock)  # a deadline set, or closing
+        self._watch_changed = threading.Condition(self._lock)  # a deadline set, a run ended, or closing
+        self._watchdog: Watchdog[_Record] = Watchdog(self._watch_changed, self._give_up_locked, self._after_give_up,
+                                                     lambda: self._closed)
         self.waiting_ops: set = set()  # ops with calls that may wait on builds; forgotten after a fork
 
     # -- submitting -------------------------------------------------------------------------------------------
@@ -204,12 +121,11 @@ class Builder:
                 record.ops.add(build.op)
                 return record.future
             if self._in_flight == 0:
-                _gil.hold()  # before the record exists: a bad setting raises with nothing queued
+                gil.hold()  # before the record exists: a bad setting raises with nothing queued
             self._in_flight += 1
             try:
                 if build.uses_gpu:
-                    from ._capture import install_guard  # here, not at import: only processes with GPU builds
-                    install_guard()
+                    extensions.first_gpu_build()
                 if build.serial and self._serial_worker is None:
                     self._start_serial_worker_locked()
                 elif not build.serial and len(self._workers) < self.threads:
@@ -345,7 +261,7 @@ class Builder:
             self._busy += 1
             if record.timeout > 0:
                 record.deadline = time.monotonic() + record.timeout
-                self._watch_locked(record)
+                self._watchdog.watch_locked(record)
         try:
             result = record.build.run()
         except BaseException as exc:  # a build's failure is the op's to handle by compiling on first use
@@ -359,12 +275,9 @@ class Builder:
         """Count the run's outcome; False if the build was given up meanwhile (its future has its outcome)."""
         with self._lock:
             self._busy -= 1
-            if record in self._running:
-                self._running.discard(record)
-                self._watch_changed.notify_all()  # the watchdog may be waiting for the last run to end
+            self._watchdog.unwatch_locked(record)
             if record.given_up:
-                with _stuck_lock:
-                    _stuck_everywhere.discard(record)
+                stuck.discard(record)
                 logger.info("buildops: build %s of op %s, given up as timed out, ended after %.1f s (%s); its "
                             "outcome is dropped", record.build.describe(), record.build.op, seconds,
                             "failed" if error is not None else "built")
@@ -395,60 +308,16 @@ class Builder:
     def _count_out_locked(self) -> None:
         self._in_flight -= 1
         if self._in_flight == 0:
-            _gil.release()
+            gil.release()
 
-    # -- giving up on builds that run too long ----------------------------------------------------------------
+    # -- giving up on builds that run too long (the watchdog calls these) ----------------------------------
 
-    def _watch_locked(self, record: _Record) -> None:
-        self._running.add(record)
-        if self._watchdog is None:
-            self._watchdog = threading.Thread(target=self._watch, name="buildops-watchdog", daemon=True)
-            self._watchdog.start()
-        self._watch_changed.notify_all()
-
-    def _watch(self) -> None:
-        """The watchdog: sleeps until the earliest deadline of a running build, then gives up what is past it.
-        It ends once the builder is shut down and no run it watches is left."""
-        while True:
-            with self._watch_changed:
-                if self._closed and not self._running:
-                    self._watchdog = None
-                    return
-                now = time.monotonic()
-                given_up = []
-                for record in [r for r in self._running if r.deadline <= now]:
-                    try:
-                        given_up.append(self._give_up_locked(record))
-                    except Exception:  # noqa: BLE001 - one record must not stop the watchdog for the others
-                        self._running.discard(record)
-                        logger.exception("buildops: giving up a timed-out build failed")
-                if not given_up:
-                    soonest = min((r.deadline for r in self._running), default=None)
-                    wait = None if soonest is None else min(soonest - now, threading.TIMEOUT_MAX)
-                    self._watch_changed.wait(wait)
-                    continue
-            for record, error in given_up:  # outside the lock: the futures' callbacks (waits, joins) run here
-                logger.warning("%s; its op will compile it on first use", error)
-                record.future.set_exception(error)
-                self._release_claim(record)  # other processes of the node build the key now
-                abandon = getattr(record.build.run, "abandon", None)
-                if abandon is not None:  # on a thread of its own: it may block, and the watchdog must not
-                    threading.Thread(target=_abandon, args=(record.build, abandon), name="buildops-abandon",
-                                     daemon=True).start()
-
-    @staticmethod
-    def _is_stuck(thread: threading.Thread) -> bool:
-        with _stuck_lock:
-            return any(r.thread is thread for r in _stuck_everywhere)
-
-    def _give_up_locked(self, record: _Record) -> tuple[_Record, BuildTimeoutError]:
-        """Mark a build that ran past its deadline failed; the caller sets its future, outside the lock."""
-        seconds = time.perf_counter() - record.started
+    def _give_up_locked(self, record: _Record) -> BuildTimeoutError:
+        """Mark a build that ran past its deadline failed; :meth:`_after_give_up` sets its future."""
+        seconds = time.perf_counter() - (record.started or 0.0)
         error = BuildTimeoutError(f"buildops: build {record.build.describe()} of op {record.build.op} ran "
                                   f"{seconds:.1f} s, past BUILDOPS_BUILD_TIMEOUT={record.timeout:g}; given up")
-        self._running.discard(record)
-        with _stuck_lock:  # still running: GPU ones still count for graph capture (stuck_gpu_builds)
-            _stuck_everywhere.add(record)
+        stuck.add(record)  # still running: a GPU one still refuses graph capture
         record.given_up = True
         self._settle(record)
         self._serial_changed.notify_all()
@@ -470,7 +339,16 @@ class Builder:
                     self._start_worker()
                 except RuntimeError:  # no thread to be had: the queue goes on with one worker fewer
                     logger.exception("buildops: starting a worker in place of a stuck one failed")
-        return record, error
+        return error
+
+    def _after_give_up(self, record: _Record, error: BaseException) -> None:
+        logger.warning("%s; its op will compile it on first use", error)
+        record.future.set_exception(error)
+        self._release_claim(record)  # other processes of the node build the key now
+        abandon = getattr(record.build.run, "abandon", None)
+        if abandon is not None:  # on a thread of its own: it may block, and the watchdog must not
+            threading.Thread(target=_abandon, args=(record.build, abandon), name="buildops-abandon",
+                             daemon=True).start()
 
     # -- cancelling -------------------------------------------------------------------------------------------
 
@@ -521,7 +399,7 @@ class Builder:
                 if timeout is not None and elapsed >= timeout:
                     return False
                 if bar is None and elapsed >= progress_after:
-                    bar = _progress_bar(what, len(seen), len(seen) - len(pending))
+                    bar = progress_bar(what, len(seen), len(seen) - len(pending))
                 step = 0.2 if bar is not None else max(progress_after - elapsed, 0.01)
                 if timeout is not None:
                     step = min(step, timeout - elapsed)
@@ -635,57 +513,14 @@ class Builder:
             deadline = None if timeout is None else time.monotonic() + timeout  # for all of them, not each
             for thread in workers:
                 # In steps: a build may be given up as timed out meanwhile, and its stuck thread is not waited for.
-                while thread is not threading.current_thread() and thread.is_alive() and not self._is_stuck(thread):
+                while thread is not threading.current_thread() and thread.is_alive() and not stuck.holds(thread):
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         break
                     thread.join(0.1 if left is None else min(0.1, left))
 
 
-def _abandon(build: Build, abandon: Callable[[], None]) -> None:
-    try:
-        abandon()
-    except Exception:  # noqa: BLE001 - the build is given up already; its stuck run stays stuck
-        logger.warning("buildops: stopping given-up build %s failed", build.describe(), exc_info=True)
-
-
-class _LoggedProgress:
-    """Progress as a log line every few seconds, where no terminal shows a bar (a server's log, CI)."""
-
-    def __init__(self, what: str, total: int, done: int, every: float = 5.0) -> None:
-        self.what, self.total, self.n, self.every = what, total, done, every
-        self._next = time.monotonic() + every
-
-    def refresh(self) -> None:
-        if time.monotonic() >= self._next:
-            self._next = time.monotonic() + self.every
-            logger.info("buildops: waiting for %s: %d of %d done", self.what, self.n, self.total)
-
-    def close(self) -> None:
-        pass
-
-
-def _progress_bar(what: str, total: int, done: int):
-    if not sys.stderr.isatty():
-        return _LoggedProgress(what, total, done)
-    from tqdm.auto import tqdm  # only long waits pay for it
-
-    return tqdm(total=total, initial=done, desc=f"buildops: waiting for {what}", unit="build", leave=False)
-
-
 _thread_role = threading.local()
-
-
-_stuck_lock = threading.Lock()
-_stuck_everywhere: set[_Record] = set()  # given-up runs not yet returned, of every builder: one that was shut down
-# (or forgotten by testing.reset()) still has its stuck GPU builds running
-
-
-def stuck_gpu_builds() -> list[Build]:
-    """GPU builds given up as timed out whose runs have not returned, on any builder of this process: no join
-    waits for them, and a CUDA graph capture must not begin beside them."""
-    with _stuck_lock:
-        return [r.build for r in _stuck_everywhere if r.build.uses_gpu]
 
 
 def on_builder_thread() -> bool:
@@ -693,73 +528,8 @@ def on_builder_thread() -> bool:
     return getattr(_thread_role, "builder", False)
 
 
-# -- the process-wide builder ---------------------------------------------------------------------------------
-
-_default: Builder | None = None
-_default_lock = threading.Lock()
-_fork_hook_registered = False
-
-
-def current_builder() -> Builder | None:
-    """The process's builder if one was created, else None (creates nothing)."""
-    return _default
-
-
-def default_builder() -> Builder:
-    """The process's builder, created on first use."""
-    global _default, _fork_hook_registered
-    builder = _default
-    if builder is not None:
-        return builder
-    with _default_lock:
-        if _default is None:
-            if not _fork_hook_registered:
-                os.register_at_fork(after_in_child=_forget_after_fork)
-                _fork_hook_registered = True
-            _default = Builder()
-        return _default
-
-
-def _forget_after_fork() -> None:
-    """In a forked child: drop the parent's builder; its threads are gone and its locks may be held."""
-    global _default, _default_lock, _stuck_lock, _stuck_everywhere
-    old, _default = _default, None
-    _default_lock = threading.Lock()
-    _stuck_lock, _stuck_everywhere = threading.Lock(), set()  # the parent's stuck runs are not the child's
-    if old is not None:
-        for op in list(old.waiting_ops):
-            op.forget_pending()
-
-
-def join(timeout: float | None = None, gpu_only: bool = False, op: str | None = None) -> bool:
-    """Wait for the process's builds: all, only GPU ones, or one op's (by name or prefix).
-
-    Returns False if ``timeout`` seconds passed first. Failed builds do not raise: their ops compile on first use.
-    """
-    builder = _default
-    return True if builder is None else builder.join(timeout=timeout, gpu_only=gpu_only, op=op)
-
-
-_shutdown_hooks: list[Callable[[bool, float | None], None]] = []
-
-
-def add_shutdown_hook(hook: Callable[[bool, float | None], None]) -> None:
-    """Run ``hook(wait, deadline)`` at :func:`shutdown`, after the workers stopped (a backend stops its own pools
-    there): ``wait`` as given to shutdown, ``deadline`` the ``time.monotonic()`` its timeout ends at, or None."""
-    if hook not in _shutdown_hooks:
-        _shutdown_hooks.append(hook)
-
-
-def shutdown(wait: bool = True, timeout: float | None = None) -> None:
-    """Cancel queued builds, stop the workers and backends' pools, and forget the builder (the next build makes
-    a new one)."""
-    global _default
-    deadline = None if timeout is None else time.monotonic() + timeout  # one for the workers and the pools
-    with _default_lock:
-        builder, _default = _default, None
-    if builder is not None:
-        builder.shutdown(wait=wait, timeout=timeout)
-        for op in list(builder.waiting_ops):
-            op.forget_pending()
-    for hook in list(_shutdown_hooks):
-        hook(wait, deadline)
+def _abandon(build: Build, abandon: Callable[[], None]) -> None:
+    try:
+        abandon()
+    except Exception:  # noqa: BLE001 - the build is given up already; its stuck run stays stuck
+        logger.warning("buildops: stopping given-up build %s failed", build.describe(), exc_info=True)

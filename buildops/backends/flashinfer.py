@@ -11,7 +11,7 @@ threads (ninja and nvcc are subprocesses, so the GIL is free); at most one per 4
 one nvcc of an attention module can take several GiB.
 
 :data:`PLAN_LOOKUPS` are the module getters a FlashInfer attention wrapper's ``plan()`` calls; with
-:func:`buildops.replay.variants` they turn a plan into the builds of the modules it would need.
+:func:`buildops.backends.variants.variants` they turn a plan into the builds of the modules it would need.
 
 Imported on demand; FlashInfer reads its build settings when it is imported.
 """
@@ -22,12 +22,16 @@ import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
-from . import _late
-from ._builder import Build, on_builder_thread
-from ._config import settings
+from .._config import settings
+from .._core.build import Build
+from .._core.builder import on_builder_thread
+from .._core.late import LateCompile, caller, record
+from .._runtime.hooks import on_reset
+from .._runtime.patching import Patch
 
 __all__ = ["PLAN_LOOKUPS", "module_builds", "watch_late_compiles"]
 
@@ -87,26 +91,37 @@ def _mtime(path: Path) -> int | None:
         return None
 
 
+def _reporting_build(original: Any) -> Any:
+    def build(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = _mtime(Path(self.jit_library_path))
+        result = original(self, *args, **kwargs)
+        if not on_builder_thread() and _mtime(Path(self.jit_library_path)) != before:
+            record(LateCompile("flashinfer", self.name, "JIT module", (), caller()), ("flashinfer", self.name))
+        return result
+    return build
+
+
+_watching: list[Patch] = []
+
+
 def watch_late_compiles() -> None:
     """Wrap FlashInfer's ``JitSpec.build`` (which its ``build_and_load`` calls) so that a module compiled outside
-    the builder's threads after a pass is recorded as a late compile. A build that finds the module up to date
-    leaves the library's file untouched and is not late."""
+    the builder's threads after a pass is recorded as a late compile, until ``buildops.testing.reset()``. A build
+    that finds the module up to date leaves the library's file untouched and is not late."""
+    if _watching:
+        return
     from flashinfer.jit import core
 
     for cls in [c for c in vars(core).values() if isinstance(c, type) and issubclass(c, core.JitSpec)]:
-        original = cls.__dict__.get("build")
-        if original is None or getattr(original, "buildops", False):
-            continue
-
-        def build(self, *args, _original=original, **kwargs):
-            before = _mtime(Path(self.jit_library_path))
-            result = _original(self, *args, **kwargs)
-            if not on_builder_thread() and _mtime(Path(self.jit_library_path)) != before:
-                _late.record(_late.LateCompile("flashinfer", self.name, "JIT module", (), _late.caller()),
-                             ("flashinfer", self.name))
-            return result
-        build.buildops = True
-        cls.build = build
+        if "build" in cls.__dict__:
+            patch = Patch(cls, "build", _reporting_build, "FlashInfer has no hook after a JIT module compiles")
+            patch.acquire()
+            _watching.append(patch)
 
 
-_late.add_watcher(watch_late_compiles)
+@on_reset.add
+def _stop_watching() -> None:
+    for patch in _watching:
+        patch.release()
+    _watching.clear()
+

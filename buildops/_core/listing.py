@@ -18,15 +18,16 @@ A launch recorded from either is the same build (see ``buildops.triton``: tensor
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
-from ._builder import Build
-from ._specs import SpecError
+from . import extensions
+from .build import Build
+from .specs import SpecError
 
 __all__ = ["ReplayError", "replay"]
 
@@ -97,14 +98,14 @@ def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping
            dims: Mapping[str, int]) -> list[Build]:
     """Run ``fn`` on meta (else fake) versions of the call's arguments cut to one swept shape; return the launches
     as builds."""
-    if importlib.util.find_spec("triton") is None:
-        raise ReplayError(f"{op} has no lister, and listing by replay needs Triton, which is not installed: "
-                          f"register a lister with @{op.split('.')[-1]}.lister")
-    from .triton import recording
-
+    recorders = extensions.launch_recorders()
+    if not recorders:
+        raise ReplayError(f"{op} has no lister, and listing by replay needs a library whose launches it can "
+                          f"record (Triton), which is not installed: register a lister with "
+                          f"@{op.split('.')[-1]}.lister")
     try:
         call = _stand_in_arguments(bound, shapes, _meta)
-        with recording(op) as builds, _MetaEmptyLike():
+        with _recording(op, recorders) as builds, _MetaEmptyLike():
             fn(*call.args, **call.kwargs)
         if builds:
             return builds
@@ -115,7 +116,7 @@ def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)  # weights held by a module are real; that is fine
     call = _stand_in_arguments(bound, shapes, _fake(mode))
-    with recording(op) as builds:
+    with _recording(op, recorders) as builds:
         try:
             with mode:
                 fn(*call.args, **call.kwargs)
@@ -125,3 +126,14 @@ def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping
                 f"data (e.g. .item()) cannot be replayed on fake tensors: register a lister with "
                 f"@{op.split('.')[-1]}.lister, or decorate the op with @builds_by_running") from exc
     return builds
+
+
+@contextlib.contextmanager
+def _recording(op: str, recorders: list[Callable[..., contextlib.AbstractContextManager[list[Build]]]]
+               ) -> Iterator[list[Build]]:
+    """Every registered library's launches recorded at once; yields the builds of all of them, in order."""
+    with contextlib.ExitStack() as stack:
+        lists = [stack.enter_context(recorder(op)) for recorder in recorders]
+        builds: list[Build] = []
+        yield builds
+        builds.extend(build for recorded in lists for build in recorded)

@@ -15,9 +15,11 @@ import time
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
-from . import _late
-from ._builder import Build, Builder, current_builder, default_builder
-from ._config import settings
+from .._config import settings
+from . import late
+from .build import Build
+from .builder import Builder
+from .default import current_builder, default_builder
 
 __all__ = ["BuildPass", "active", "build_pass", "current_pass", "rehearsal"]
 
@@ -142,7 +144,7 @@ class BuildPass:
             wanted = set(self.futures)
             builder.wait(lambda r: r.future in wanted, what=f"builds of pass {self.name!r}")
         if self.arms_late_compiles:
-            _late.arm()  # from now on, a kernel compiled on first use is a gap in what the passes covered
+            late.arm()  # from now on, a kernel compiled on first use is a gap in what the passes covered
         futures = set(self.futures)
         failed = sum(1 for f in futures if f.done() and not f.cancelled() and f.exception() is not None)
         logger.info("buildops: pass %r done in %.2f s (%d build(s) queued%s%s)", self.name,

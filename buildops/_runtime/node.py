@@ -20,7 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from ._config import settings
+from .._config import settings
 
 __all__ = ["NodeClaims", "node_claims"]
 

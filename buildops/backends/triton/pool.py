@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from ._config import settings
-from ._pools import WorkerPool
-from ._triton_worker import ready, start
+from ..._config import settings
+from ..._runtime.pools import WorkerPool
+from .worker import ready, start
 
 __all__ = ["FORKSERVER_PRELOAD", "FORKSERVER_PRELOAD_FIRST", "workers"]
 
@@ -13,8 +13,8 @@ __all__ = ["FORKSERVER_PRELOAD", "FORKSERVER_PRELOAD_FIRST", "workers"]
 # torch, meanwhile, and a first compile once that hash is done. Python's forkserver imports its preload list in
 # order, "__main__" (the default, kept between the two) aside: Python 3.11 and 3.12 import no main module there,
 # newer ones import it before the whole list.
-FORKSERVER_PRELOAD_FIRST = ("buildops._triton_preload",)
-FORKSERVER_PRELOAD = ("buildops._triton_warm",)
+FORKSERVER_PRELOAD_FIRST = ("buildops.backends.triton.preload",)
+FORKSERVER_PRELOAD = ("buildops.backends.triton.warm",)
 
 # Workers learn the target with each build, not when they start: starting them (maybe before the engine picked its
 # GPU) must not initialise CUDA in this process, which asking for the target does.

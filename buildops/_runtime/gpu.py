@@ -27,8 +27,9 @@ from typing import Any, TypeVar
 import torch
 from filelock import FileLock
 
-from ._config import settings
-from ._node import node_claims
+from .._config import settings
+from .forking import forget_in_child
+from .node import node_claims
 
 try:
     import fcntl
@@ -219,13 +220,13 @@ class MemoryGate:
         self._nodes[settings.node_locks, gpu] = None
 
 
+@forget_in_child
 def _forget_after_fork() -> None:
     for forked in list(_gates):
         forked.forget_after_fork()
 
 
 _gates: weakref.WeakSet[MemoryGate] = weakref.WeakSet()
-os.register_at_fork(after_in_child=_forget_after_fork)
 gate = MemoryGate()
 
 

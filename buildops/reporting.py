@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._builder import BuildRecord, BuildState, current_builder
-from ._late import LateCompile, late_compiles
+from ._core.build import BuildRecord, BuildState
+from ._core.default import current_builder
+from ._core.late import LateCompile, late_compiles
 
-__all__ = ["BuildRecord", "OpReport", "Report", "report"]
+__all__ = ["OpReport", "Report", "report"]
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,16 @@ Nothing is recorded until the first outermost pass has ended: before that, compi
 
 from __future__ import annotations
 
-import importlib
 import logging
+import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 
-from ._config import settings
+from .._config import settings
+from . import extensions
 
 __all__ = ["LateCompile", "LateCompileError", "late_compiles"]
 
@@ -51,15 +52,12 @@ class _LateCompiles:
         self._armed = False
         self._seen: set[Hashable] = set()
         self.records: list[LateCompile] = []
-        self.watchers: list[Callable[[], None]] = []
 
     def arm(self) -> None:
-        """Called when an outermost pass ends: from now on, first-use compiles are late. Installs watchers."""
+        """Called when an outermost pass ends: from now on, first-use compiles are late. Installs the watchers of
+        the libraries in use (``extensions.add_late_watcher``); a library not imported yet is not watched."""
         self._armed = True
-        for library in ("triton", "flashinfer"):  # watch a library only where it is in use; never import it
-            if library in sys.modules:
-                importlib.import_module(f"buildops.{library}")
-        for install in list(self.watchers):
+        for install in extensions.late_watchers():
             install()
 
     def record(self, late: LateCompile, key: Hashable) -> None:
@@ -94,12 +92,6 @@ def arm() -> None:
     _state.arm()
 
 
-def add_watcher(install: Callable[[], None]) -> None:
-    """Register a function that installs a library's compile hook; it is called at the end of every root pass."""
-    if install not in _state.watchers:
-        _state.watchers.append(install)
-
-
 def late_compiles() -> list[LateCompile]:
     """Every late compile recorded so far, in order."""
     with _state._lock:
@@ -111,9 +103,7 @@ def reset() -> None:
 
 
 def _library_dirs() -> tuple[str, ...]:
-    import os
-
-    dirs = [os.path.dirname(os.path.abspath(__file__))]
+    dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # buildops itself
     packages, modules = ("triton", "torch", "flashinfer", "deep_gemm"), ("contextlib", "functools", "threading")
     for name in packages + modules:
         path = getattr(sys.modules.get(name), "__file__", None)

@@ -15,11 +15,11 @@ try:
     except Exception:  # noqa: BLE001 - see the docstring
         pass
     finally:
-        from ._triton_preload import hashing
+        from .preload import hashing
 
         if hashing is not None:
             hashing.join()
-    from ._triton_worker import warm_up_compiler
+    from .worker import warm_up_compiler
 
     warm_up_compiler()
 except Exception:  # noqa: BLE001 - see the docstring

@@ -24,8 +24,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._builder import add_shutdown_hook
-from ._config import settings
+from .._config import settings
+from .forking import forget_in_child
+from .hooks import on_shutdown
 
 __all__ = ["WorkerPool"]
 
@@ -116,8 +117,8 @@ class WorkerPool:
         with self._lock:
             if self._pool is None:
                 if not self._hooked:
-                    os.register_at_fork(after_in_child=self._forget)
-                    add_shutdown_hook(self.shutdown)
+                    forget_in_child(self._forget)
+                    on_shutdown.add(self.shutdown)
                     # At exit, before concurrent.futures' own hook (they run in reverse order), which waits for
                     # every worker to finish its task: one stuck in a build would hold the exit for good.
                     register_at_exit = getattr(threading, "_register_atexit", None)

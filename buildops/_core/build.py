@@ -1,0 +1,95 @@
+"""What a build is: the job (:class:`Build`), its states, and what the builder records of it."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Build", "BuildRecord", "BuildState", "BuildTimeoutError", "OpStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    """One compile-only job.
+
+    Contract for whoever makes builds (listers, library backends):
+      * ``key`` names everything that changes the artifact (kernel, specialization, constexprs, target, options):
+        two builds with equal keys must produce the same artifact, because only the first one runs.
+      * ``run`` compiles into the library's own cache and never launches work on a user's tensors; it may be
+        called on any worker thread; its return value is kept on the future; an exception marks the build failed.
+      * ``uses_gpu`` is true when ``run`` allocates GPU memory or launches GPU work, so that
+        ``join(gpu_only=True)`` waits for it.
+      * ``run`` may have a ``waited`` attribute: the seconds its call spent waiting for other builds (an
+        autotuning for its compiles), which reports count apart from its own time.
+      * ``after`` (serial builds only) names the keys of normal builds this one needs done: the serial worker
+        runs it once they are (keys never submitted, or cancelled, count as done). ``run`` need not wait itself.
+      * ``run`` may have an ``abandon()`` method: called once, on the watchdog's thread and under no lock, when
+        the build is given up as timed out, to stop what can be stopped (a worker process stuck in it), so that
+        the run returns or raises soon. Its outcome is dropped either way.
+    """
+
+    op: str
+    key: Hashable
+    run: Callable[[], Any]
+    uses_gpu: bool = False
+    label: str = ""
+    library: str = ""  # "triton", "flashinfer", ...: what the report counts its coverage by
+    shared: bool = True  # built once per node: other processes wait, then find it in the library's disk cache
+    serial: bool = False  # one at a time, on the builder's serial worker (builds that time GPU work)
+    after: tuple[Hashable, ...] = ()  # serial builds: keys of the normal builds to wait for (see the contract)
+
+    def __post_init__(self) -> None:
+        if self.after and not self.serial:
+            raise ValueError(f"build {self.describe()} of op {self.op}: only serial builds may name builds to run "
+                             f"after (a normal build waiting for others could hold every worker)")
+
+    def describe(self) -> str:
+        if self.label:
+            return self.label
+        try:
+            return repr(self.key)
+        except Exception:  # noqa: BLE001 - a key whose repr raises still gets logged and given up
+            return f"<{type(self.key).__name__} key>"
+
+
+class BuildTimeoutError(RuntimeError):
+    """A build ran longer than ``BUILDOPS_BUILD_TIMEOUT`` and was given up (its future's exception). Not a
+    ``TimeoutError``: a wait that ran out of time is not a build that did."""
+
+
+class BuildState(enum.Enum):
+    QUEUED = "queued"
+    BUILDING = "building"
+    BUILT = "built"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class OpStats:
+    """What one op asked of the builder. Seconds are wall-clock seconds summed over builds or waits."""
+
+    listed: int = 0          # builds the op listed, shared ones included
+    shared: int = 0          # of those, builds whose key was already known (queued, built, ... by any op)
+    built: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    build_seconds: float = 0.0
+    wait_seconds: float = 0.0  # time calls of the op spent waiting for builds outside a pass
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    """One build as the builder saw it: ``seconds`` its run took (0 until it ends), ``waited`` of those spent
+    waiting for other builds, ``started`` the ``time.perf_counter()`` at which its run began (None if it never
+    ran)."""
+
+    build: Build
+    state: BuildState
+    seconds: float
+    waited: float
+    started: float | None
+    error: BaseException | None
+

@@ -1,0 +1,66 @@
+"""The process's builder: created on first use, forgotten at :func:`shutdown` and by a forked child."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .._runtime.forking import forget_in_child
+from .._runtime.hooks import on_shutdown
+from .builder import Builder
+
+__all__ = ["current_builder", "default_builder", "join", "shutdown"]
+
+_default: Builder | None = None
+_default_lock = threading.Lock()
+
+
+def current_builder() -> Builder | None:
+    """The process's builder if one was created, else None (creates nothing)."""
+    return _default
+
+
+def default_builder() -> Builder:
+    """The process's builder, created on first use."""
+    global _default
+    builder = _default
+    if builder is not None:
+        return builder
+    with _default_lock:
+        if _default is None:
+            _default = Builder()
+        return _default
+
+
+@forget_in_child
+def _forget_after_fork() -> None:
+    """Drop the parent's builder: its threads are gone and its locks may be held."""
+    global _default, _default_lock
+    old, _default = _default, None
+    _default_lock = threading.Lock()
+    if old is not None:
+        for op in list(old.waiting_ops):
+            op.forget_pending()
+
+
+def join(timeout: float | None = None, gpu_only: bool = False, op: str | None = None) -> bool:
+    """Wait for the process's builds: all, only GPU ones, or one op's (by name or prefix).
+
+    Returns False if ``timeout`` seconds passed first. Failed builds do not raise: their ops compile on first use.
+    """
+    builder = _default
+    return True if builder is None else builder.join(timeout=timeout, gpu_only=gpu_only, op=op)
+
+
+def shutdown(wait: bool = True, timeout: float | None = None) -> None:
+    """Cancel queued builds, stop the workers and backends' pools, and forget the builder (the next build makes
+    a new one)."""
+    global _default
+    deadline = None if timeout is None else time.monotonic() + timeout  # one for the workers and the pools
+    with _default_lock:
+        builder, _default = _default, None
+    if builder is not None:
+        builder.shutdown(wait=wait, timeout=timeout)
+        for op in list(builder.waiting_ops):
+            op.forget_pending()
+    on_shutdown.run(wait, deadline)

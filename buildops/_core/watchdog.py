@@ -1,0 +1,125 @@
+"""Giving up builds that run past ``BUILDOPS_BUILD_TIMEOUT``, and the runs given up that still run.
+
+A thread cannot be stopped. So a build past its deadline is *given up*: its future fails at once, so that the
+op's calls and joins stop waiting for it, a worker takes the stuck one's place, and when the run returns at last
+its outcome is dropped. Given-up runs that still run are kept process-wide (:data:`stuck`): a GPU one among them
+must keep refusing CUDA graph capture, even after its builder was shut down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+from .._runtime.forking import forget_in_child
+from .build import Build
+
+__all__ = ["Stuck", "Watchdog", "stuck"]
+
+logger = logging.getLogger("buildops")
+
+
+class _Watched(Protocol):
+    deadline: float | None
+    build: Build
+    thread: threading.Thread | None
+
+
+R = TypeVar("R", bound=_Watched)
+
+
+class Watchdog(Generic[R]):
+    """A thread that sleeps until the earliest deadline of the runs it watches, then gives up those past it.
+
+    It shares its owner's lock through ``changed`` (a condition on that lock): every method ending in ``_locked``
+    is called with it held. ``give_up_locked(record)`` marks a record given up, under the lock, and returns the
+    error for its future; ``after(record, error)`` then runs outside the lock (futures' callbacks run there).
+    It ends once ``closed()`` and nothing is watched.
+    """
+
+    def __init__(self, changed: threading.Condition, give_up_locked: Callable[[R], BaseException],
+                 after: Callable[[R, BaseException], None], closed: Callable[[], bool]) -> None:
+        self._changed, self._give_up_locked, self._after, self._closed = changed, give_up_locked, after, closed
+        self.running: set[R] = set()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether its thread runs (it starts with the first run that has a deadline)."""
+        return self._thread is not None
+
+    def watch_locked(self, record: R) -> None:
+        self.running.add(record)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="buildops-watchdog", daemon=True)
+            self._thread.start()
+        self._changed.notify_all()
+
+    def unwatch_locked(self, record: R) -> None:
+        if record in self.running:
+            self.running.discard(record)
+            self._changed.notify_all()  # it may be waiting for the last run to end
+
+    def _watch(self) -> None:
+        while True:
+            with self._changed:
+                if self._closed() and not self.running:
+                    self._thread = None
+                    return
+                now = time.monotonic()
+                given_up = []
+                for record in [r for r in self.running if r.deadline is not None and r.deadline <= now]:
+                    self.running.discard(record)
+                    try:
+                        given_up.append((record, self._give_up_locked(record)))
+                    except Exception:  # noqa: BLE001 - one record must not stop the watchdog for the others
+                        logger.exception("buildops: giving up a timed-out build failed")
+                if not given_up:
+                    soonest = min((r.deadline for r in self.running if r.deadline is not None), default=None)
+                    wait = None if soonest is None else min(soonest - now, threading.TIMEOUT_MAX)
+                    self._changed.wait(wait)
+                    continue
+            for record, error in given_up:
+                self._after(record, error)
+
+
+class Stuck:
+    """Given-up runs not yet returned, of every builder of this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: set[Any] = set()
+
+    def add(self, record: _Watched) -> None:
+        with self._lock:
+            self._records.add(record)
+
+    def discard(self, record: _Watched) -> None:
+        with self._lock:
+            self._records.discard(record)
+
+    def holds(self, thread: threading.Thread) -> bool:
+        """Whether ``thread`` is stuck in a given-up run (no one waits for it)."""
+        with self._lock:
+            return any(r.thread is thread for r in self._records)
+
+    def gpu_builds(self) -> list[Build]:
+        with self._lock:
+            return [r.build for r in self._records if r.build.uses_gpu]
+
+    def forget(self) -> None:
+        """In a forked child: the parent's stuck runs are not the child's."""
+        self._lock, self._records = threading.Lock(), set()
+
+
+stuck = Stuck()
+forget_in_child(stuck.forget)
+
+
+def stuck_gpu_builds() -> list[Build]:
+    """GPU builds given up as timed out whose runs have not returned, on any builder of this process: no join
+    waits for them, and a CUDA graph capture must not begin beside them."""
+    return stuck.gpu_builds()

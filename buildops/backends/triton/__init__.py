@@ -1,0 +1,40 @@
+"""The Triton backend: compile-only builds with each launch's exact specialization, listing by replay, worker
+processes, autotuning in the build, and late-compile detection.
+
+Its modules: ``driver`` (the target, a driver for machines without a GPU), ``stand_ins`` (what a build records of
+a tensor), ``record`` (launches recorded as builds), ``build`` (a build's compile and load), ``autotune``
+(autotuning in the build), ``patches`` (Triton steps serialised while building), ``late`` (late compiles),
+``pool``, ``worker``, ``preload`` and ``warm`` (worker processes). Importing this package imports neither Triton nor
+torch: the forkserver imports its ``preload`` module before torch. The public names load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .build import hash_triton_install
+    from .driver import CompileOnlyDriver, target
+    from .record import recording, triton_builds
+    from .stand_ins import PointerArg
+
+_PUBLIC = {
+    "CompileOnlyDriver": "driver", "PointerArg": "stand_ins", "hash_triton_install": "build",
+    "recording": "record", "target": "driver", "triton_builds": "record",
+}
+
+__all__ = ["CompileOnlyDriver", "PointerArg", "hash_triton_install", "recording", "target", "triton_builds"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

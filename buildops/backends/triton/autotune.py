@@ -1,0 +1,120 @@
+"""Autotuning in the build, on a GPU: the tuner's own ``run`` on zero-filled operands of the launch's shapes.
+
+Its in-memory cache then holds a choice for the launch's key and the first real call times nothing. Timings on
+zeros are what they are for GEMM-like kernels; a kernel whose speed depends on its data should not be tuned this
+way (``BUILDOPS_AUTOTUNE=0``). With the tuner's ``cache_results``, Triton keeps the choice on disk.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any
+
+import torch
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.driver import driver
+
+from ..._config import settings
+from ..._core.build import Build
+from ..._core.default import current_builder
+from ..._core.specs import TensorSpec
+from ..._runtime.gpu import run_admitted
+from .driver import compile_only, inner_jit, kernel_name, target
+from .patches import building
+from .stand_ins import PointerArg
+
+__all__ = ["COMPILE_WAIT_SECONDS", "tune_build"]
+
+# The builder's serial worker already waited for the tune's compiles (``Build.after``): the run only waits for
+# futures that are still being given their result.
+COMPILE_WAIT_SECONDS = 1.0
+
+
+class _Layout:
+    """What it takes to allocate a stand-in for a tensor argument: shape, strides, offset, storage size, dtype."""
+
+    __slots__ = ("shape", "stride", "offset", "storage", "dtype")
+
+    def __init__(self, tensor: Any) -> None:
+        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
+        if isinstance(tensor, TensorSpec):
+            self.stride, self.offset, self.storage = tensor.stride(), 0, tensor.numel()
+        else:
+            self.stride, self.offset = tuple(tensor.stride()), tensor.storage_offset()
+            self.storage = tensor.untyped_storage().nbytes() // tensor.element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage * self.dtype.itemsize
+
+    def zeros(self, device: torch.device) -> torch.Tensor:
+        storage = torch.zeros(self.storage, dtype=self.dtype, device=device)
+        return storage.as_strided(self.shape, self.stride, self.offset)
+
+
+def _tuner_key(tuner: Autotuner, args: tuple, kwargs: dict) -> tuple:
+    """The key ``Autotuner.run`` files its choice under (its own computation: the key arguments, then dtypes)."""
+    named = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in tuner.arg_names}
+    return tuple([named[k] for k in tuner.keys if k in named] +
+                 [str(v.dtype) for v in named.values() if hasattr(v, "dtype")])
+
+
+def tune_build(op: str, tuner: Autotuner, args: tuple, kwargs: dict, compiles: list, run: Any) -> Build | None:
+    """The build that runs this launch's autotuning with ``run`` (``Autotuner.run`` itself), or None where it
+    cannot run here: no GPU, one config, ``BUILDOPS_AUTOTUNE=0``, or a tensor argument known only by its dtype."""
+    if len(tuner.configs) <= 1 or compile_only() or not settings.autotune:
+        return None
+    if any(isinstance(a, (torch.dtype, PointerArg)) for a in (*args, *kwargs.values())):
+        return None
+
+    def layout(value: Any) -> Any:
+        return _Layout(value) if isinstance(value, (torch.Tensor, TensorSpec)) else value
+
+    key = _tuner_key(tuner, args, kwargs)
+    layouts = tuple(map(layout, args))
+    kwargs = {name: layout(value) for name, value in kwargs.items()}
+    jit = inner_jit(tuner)
+    device = torch.device("cuda", driver.active.get_current_device())
+    return Build(op, ("triton-autotune", kernel_name(jit), jit.cache_key, key, target()),
+                 _TuneRun(tuner, layouts, kwargs, compiles, device, run), uses_gpu=True,
+                 label=f"autotune {jit.fn.__name__}{list(key)}", shared=False, serial=True, after=tuple(compiles))
+
+
+class _TuneRun:
+    """The run of a tune build. It runs on the builder's serial worker (``serial=True``), one tune at a time since
+    tunes running together would time each other, once its configs' compiles are done (``after``); a compile not
+    done in time is left to the tuner, which compiles what it lacks."""
+
+    def __init__(self, tuner: Autotuner, layouts: tuple, kwargs: dict, compiles: list, device: torch.device,
+                 run: Any) -> None:
+        self.tuner, self.layouts, self.kwargs, self.compiles = tuner, layouts, kwargs, compiles
+        self.device, self.run = device, run
+        self.waited = 0.0
+
+    def __call__(self) -> Any:
+        builder = current_builder()  # None when a test runs the build by hand: nothing to wait for
+        futures = (builder.future(k) for k in self.compiles) if builder is not None else ()
+        compiles = [f for f in futures if f is not None]
+        waiting = time.perf_counter()
+        concurrent.futures.wait(compiles, timeout=COMPILE_WAIT_SECONDS)
+        self.waited = time.perf_counter() - waiting  # of the build's seconds, those spent on others' compiles
+        tensors = [a for a in (*self.layouts, *self.kwargs.values()) if isinstance(a, _Layout)]
+
+        def real(value: Any) -> Any:
+            return value.zeros(self.device) if isinstance(value, _Layout) else value
+
+        def make() -> tuple:
+            return tuple(map(real, self.layouts)), {name: real(value) for name, value in self.kwargs.items()}
+
+        chosen = []
+
+        def tune(operands: tuple) -> None:
+            args, kwargs = operands
+            self.run(self.tuner, *args, **kwargs)
+            chosen.append(self.tuner.best_config)
+
+        with building():
+            run_admitted(self.device, sum(t.nbytes for t in tensors), make, tune,
+                         f"autotuning of {self.tuner.base_fn.__name__}")
+        return chosen[0]

@@ -1,0 +1,166 @@
+"""A Triton build's run: compile one recorded launch (in a worker process where it can), then, on a GPU, load it.
+
+With worker processes, a worker compiles the variant into the shared Triton cache and the warmup here is then a
+disk-cache hit that puts the kernel in this process's memory. On a GPU the build also makes the kernel's launcher
+and loads its module, so that the first launch pays neither compile nor load.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+from typing import Any
+
+import torch
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
+
+from ..._config import triton_executor
+from ..._runtime.forking import forget_in_child
+from . import worker
+from .driver import compile_only, inner_jit
+from .patches import building
+from .pool import workers
+
+__all__ = ["LAUNCHER_WAIT_SECONDS", "WarmupRun", "hash_triton_install"]
+
+logger = logging.getLogger("buildops")
+
+# How long a build waits for another thread making the launcher of its signature before it makes its own.
+LAUNCHER_WAIT_SECONDS = 60.0
+
+try:
+    from triton.runtime.cache import triton_key as _triton_key
+except ImportError:  # moved in another Triton version: each process computes it once, perhaps on several threads
+    def _triton_key() -> str:
+        return ""
+
+_triton_key_lock = threading.Lock()
+_load_lock = threading.Lock()
+_launcher_locks: dict[str, threading.Lock] = {}
+_launcher_locks_lock = threading.Lock()
+
+
+@forget_in_child
+def _new_locks() -> None:
+    global _triton_key_lock, _load_lock, _launcher_locks, _launcher_locks_lock
+    _triton_key_lock, _load_lock = threading.Lock(), threading.Lock()
+    _launcher_locks, _launcher_locks_lock = {}, threading.Lock()
+
+
+def hash_triton_install() -> None:
+    """Pay this process's one-time Triton cost now: its first compile or cache lookup hashes Triton's install
+    (``triton_key``). The result is cached but its computation is not locked, so threads that get there together
+    each compute it, holding the GIL; here one computes it and the others wait."""
+    with _triton_key_lock:
+        _triton_key()
+
+
+class WarmupRun:
+    """A build's run: ``JITFunction.warmup`` with the recorded launch's arguments; on a GPU, also load the module."""
+
+    def __init__(self, jit: JITFunction, args: tuple, kwargs: dict, device: int, the_target: GPUTarget) -> None:
+        self.jit, self.args, self.kwargs, self.device, self.target = jit, args, kwargs, device, the_target
+        self.given_up = threading.Event()
+        self._in_worker = False
+
+    def abandon(self) -> None:
+        """Given up as timed out (``Build`` contract): stop the workers if the compile is stuck in one."""
+        self.given_up.set()
+        if self._in_worker:
+            workers.stop_workers()
+
+    def __call__(self) -> Any:
+        if triton_executor() == "processes":
+            reference = picklable_reference(self.jit, self.args, self.kwargs)
+            if reference is not None:
+                self._in_worker = True
+                try:
+                    compile_in_process(reference, self.args, self.kwargs, self.target, self.given_up)
+                finally:
+                    self._in_worker = False
+        # Only after the worker's compile, which did not need this process's hash of the install.
+        hash_triton_install()
+        with building():
+            if compile_only():
+                return self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
+            with torch.cuda.device(self.device):
+                kernel = self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
+                _make_launcher(kernel)
+                with _load_lock:  # the driver serializes loads anyway; threads contending for it only slow it
+                    kernel._init_handles()
+            return kernel
+
+
+def _make_launcher(kernel: Any) -> None:
+    """Make the kernel's launcher before its load, one thread per launcher signature.
+
+    Up to Triton 3.6 a launcher is a C module per kernel signature, which a cold cache compiles with the host
+    compiler; variants of one kernel mostly share one, and threads that reached it together each compiled it.
+    The others wait for the thread making it, then find it in Triton's cache. The key only decides who waits for
+    whom, never what is built. ``_init_handles`` makes the launcher again (a cache hit) and raises there if it
+    must, so a failure here is only logged.
+    """
+    try:
+        lock = _launcher_lock(_launcher_key(kernel))
+    except Exception:  # noqa: BLE001 - an unexpected kernel: make its launcher without waiting for others
+        lock = threading.Lock()
+    # Bounded: a host compiler that hangs holds up the other variants of its signature no longer than itself.
+    locked = lock.acquire(timeout=LAUNCHER_WAIT_SECONDS)
+    try:
+        driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001 - see the docstring
+        logger.debug("buildops: making the launcher of %s ahead of its load failed",
+                     getattr(kernel, "name", kernel), exc_info=True)
+    finally:
+        if locked:
+            lock.release()
+
+
+def _launcher_key(kernel: Any) -> str:
+    """What a launcher's C source depends on: the scalar types, which arguments are pointers (whatever they point
+    to), and whether each tensor descriptor has metadata; not the constants that tell one variant from another."""
+    def kind(arg_type: Any) -> Any:
+        if isinstance(arg_type, tuple):
+            return tuple(kind(t) for t in arg_type)
+        return "*" if isinstance(arg_type, str) and arg_type.startswith("*") else arg_type
+    signature = getattr(getattr(kernel, "src", None), "signature", None) or {}
+    descriptors = getattr(kernel.metadata, "tensordesc_meta", None)
+    return repr((tuple(kind(t) for t in signature.values()),
+                 None if descriptors is None else tuple(m is None for m in descriptors)))
+
+
+def _launcher_lock(key: str) -> threading.Lock:
+    with _launcher_locks_lock:
+        return _launcher_locks.setdefault(key, threading.Lock())
+
+
+def picklable_reference(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[str, str] | None:
+    """``(module, qualname)`` under which a worker can import this kernel, or None (then it builds in a thread)."""
+    module, qualname = jit.fn.__module__, jit.fn.__qualname__
+    if module == "__main__" or "<locals>" in qualname:
+        return None
+    try:
+        if inner_jit(worker.resolve(module, qualname)) is not jit:
+            return None
+        pickle.dumps((args, kwargs))
+    except Exception:
+        return None
+    return module, qualname
+
+
+def compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict, the_target: GPUTarget,
+                       given_up: threading.Event | None = None) -> None:
+    """Compile in a worker process (crashes: see ``WorkerPool.run``); a kernel the worker cannot import is left to
+    the calling thread's own warmup."""
+    module, qualname = reference
+    try:
+        workers.run(f"{module}.{qualname}", worker.compile_variant, module, qualname, args, kwargs,
+                    knobs.cache.dir, (the_target.backend, the_target.arch, the_target.warp_size),
+                    given_up=given_up)
+    except (ImportError, AttributeError):
+        logger.debug("buildops: worker cannot import %s.%s; building it in a thread", module, qualname,
+                     exc_info=True)

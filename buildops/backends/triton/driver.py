@@ -1,0 +1,108 @@
+"""The target Triton compiles for, and a driver for machines without a GPU."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.backends.driver import DriverBase
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
+
+from ..._config import settings
+from ..._runtime.forking import forget_in_child
+
+__all__ = ["CompileOnlyDriver", "compile_only", "inner_jit", "kernel_name", "target"]
+
+logger = logging.getLogger("buildops")
+
+
+class CompileOnlyDriver(DriverBase):
+    """A Triton driver that compiles for a fixed target and refuses to load or launch: for machines without a GPU.
+
+    buildops installs it only when Triton finds no driver (``0 active drivers``); the target comes from
+    ``BUILDOPS_TRITON_TARGET`` (default ``cuda:90``).
+    """
+
+    def __init__(self, backend: str, arch: int) -> None:
+        super().__init__()
+        self.target = GPUTarget(backend, arch, 32 if backend == "cuda" else 64)
+
+    @classmethod
+    def is_active(cls) -> bool:
+        return False  # never picked by Triton's own driver discovery
+
+    def map_python_to_cpp_type(self, ty: str) -> str:
+        raise NotImplementedError("compile-only driver")
+
+    def get_current_target(self) -> GPUTarget:
+        return self.target
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def set_current_device(self, device: int) -> None:
+        pass
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_device_capability(self, device: int | None = None) -> tuple[int, int]:
+        return divmod(self.target.arch, 10)
+
+    def get_benchmarker(self) -> Any:
+        raise RuntimeError("buildops compile-only Triton driver: there is no GPU to benchmark on")
+
+    @property
+    def utils(self) -> Any:
+        raise RuntimeError("buildops compile-only Triton driver: kernels are compiled here, never loaded or launched")
+
+    @property
+    def launcher_cls(self) -> Any:
+        raise RuntimeError("buildops compile-only Triton driver: kernels are compiled here, never loaded or launched")
+
+
+_driver_lock = threading.Lock()
+
+
+@forget_in_child
+def _new_lock() -> None:
+    global _driver_lock
+    _driver_lock = threading.Lock()
+
+
+def target() -> GPUTarget:
+    """The target Triton compiles for here: the current GPU's, or ``BUILDOPS_TRITON_TARGET`` without a GPU."""
+    try:
+        return driver.active.get_current_target()
+    except RuntimeError:  # "0 active drivers": no GPU here
+        with _driver_lock:
+            try:
+                return driver.active.get_current_target()
+            except RuntimeError:
+                backend, arch = settings.triton_target
+                driver.set_active(CompileOnlyDriver(backend, arch))
+                logger.info("buildops: no GPU driver; Triton builds compile for %s:%d", backend, arch)
+                return driver.active.get_current_target()
+
+
+def compile_only() -> bool:
+    """Whether Triton compiles here through :class:`CompileOnlyDriver` (no GPU)."""
+    return isinstance(driver.active, CompileOnlyDriver)
+
+
+def inner_jit(kernel: Any) -> JITFunction:
+    """The ``JITFunction`` under a kernel's wrappers (``@triton.autotune``, ``@triton.heuristics``)."""
+    while not isinstance(kernel, JITFunction):
+        kernel = kernel.fn
+    return kernel
+
+
+def kernel_name(jit: JITFunction) -> str:
+    return f"{jit.fn.__module__}.{jit.fn.__qualname__}"

@@ -1,0 +1,62 @@
+"""Triton kernels compiled on first use after a pass, seen through Triton's ``jit_post_compile_hook``."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from triton import knobs
+
+from ..._core.late import LateCompile, caller, record
+from ..._core.builder import on_builder_thread
+from ..._runtime.forking import forget_in_child
+from ..._runtime.hooks import on_reset
+
+__all__ = ["forget_listed", "note_listed", "watch_late_compiles"]
+
+_listed: dict[str, set[str]] = {}  # kernel -> the ops that listed builds of it
+_listed_lock = threading.Lock()
+
+
+@forget_in_child
+def _new_lock() -> None:
+    global _listed_lock
+    _listed_lock = threading.Lock()
+
+
+def note_listed(kernel: str, op: str) -> None:
+    with _listed_lock:
+        _listed.setdefault(kernel, set()).add(op)
+
+
+@on_reset.add
+def forget_listed() -> None:
+    """Forget which ops listed which kernels (``buildops.testing.reset``)."""
+    with _listed_lock:
+        _listed.clear()
+
+
+def _late_compile_hook(previous: Any) -> Any:
+    def hook(**kwargs: Any) -> Any:
+        result = previous(**kwargs) if previous is not None else None
+        from .record import recording_active  # here: record imports this module
+
+        if on_builder_thread() or recording_active():
+            return result
+        fn, compiled = kwargs["fn"], kwargs.get("compile") or {}
+        name = f"{fn.module}.{fn.name}"
+        variant = (f"signature={compiled.get('signature')} constants={compiled.get('constants')} "
+                   f"num_warps={compiled.get('num_warps')} num_stages={compiled.get('num_stages')}")
+        with _listed_lock:
+            ops = tuple(sorted(_listed.get(name, ())))
+        record(LateCompile("triton", name, variant, ops, caller()), (name, kwargs.get("key")))
+        return result
+    hook.buildops = True  # type: ignore[attr-defined]
+    return hook
+
+
+def watch_late_compiles() -> None:
+    """Install buildops' ``jit_post_compile_hook`` (keeping any hook already set, which it calls first)."""
+    current = knobs.runtime.jit_post_compile_hook
+    if not getattr(current, "buildops", False):
+        knobs.runtime.jit_post_compile_hook = _late_compile_hook(current)

@@ -1,0 +1,146 @@
+"""Recording Triton launches as builds, with the launch's exact specialization.
+
+A build is recorded where the real launch would happen, at the innermost ``JITFunction.run``, with the arguments
+and keyword options the launch passes (after ``@triton.autotune`` and ``@triton.heuristics`` have added theirs,
+in the same order, since Triton's in-memory key depends on it). Every tensor becomes a stand-in with the tensor's
+dtype and pointer alignment, so integers equal to 1, multiples of 16 and aligned pointers specialize as they
+would, and the real launch later finds the kernel in Triton's cache.
+
+``JITFunction.run`` and ``Autotuner.run`` are patched only while a recording is active, and even then they
+record only in the context (thread) that records: elsewhere Triton runs as without buildops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from triton import knobs
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction, compute_cache_key
+
+from ..._core.build import Build
+from ..._runtime.patching import Patch
+from .autotune import tune_build
+from .build import WarmupRun
+from .driver import compile_only, kernel_name, target
+from .late import note_listed
+from .stand_ins import stand_in
+
+__all__ = ["recording", "recording_active", "triton_builds"]
+
+logger = logging.getLogger("buildops")
+
+
+def _launch_key(jit: JITFunction, args: tuple, kwargs: dict) -> str:
+    """The key ``JITFunction.run`` will look up for this launch (mirrors its preprocessing; Triton 3.6 and 3.7)."""
+    options = dict(kwargs)
+    options["debug"] = options.get("debug", jit.debug) or knobs.runtime.debug
+    options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    binder = jit.device_caches[driver.active.get_current_device()][4]
+    _, specialization, options = binder(*args, **options)
+    stages_hook = getattr(knobs.runtime, "add_stages_inspection_hook", None)
+    if stages_hook is not None:
+        specialization.append(f'("custom_pipeline", {stages_hook()[1]})')
+    return compute_cache_key({}, specialization, options)
+
+
+class _Recording:
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self.builds: list[Build] = []
+
+    def add(self, jit: JITFunction, args: tuple, kwargs: dict) -> None:
+        stand_ins = tuple(stand_in(a) for a in args)
+        kwargs = {k: stand_in(v) for k, v in kwargs.items()}
+        the_target = target()
+        device = driver.active.get_current_device()
+        key = ("triton", kernel_name(jit), jit.cache_key, _launch_key(jit, stand_ins, kwargs), the_target)
+        options = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+        label = f"{jit.fn.__name__}[{options}]" if options else jit.fn.__name__
+        note_listed(kernel_name(jit), self.op)
+        # On a GPU the build also loads the module: GPU work, which graph capture must not overlap.
+        run = WarmupRun(jit, stand_ins, kwargs, device, the_target)
+        self.builds.append(Build(self.op, key, run, uses_gpu=not compile_only(), label=label, library="triton"))
+
+
+_recording_var: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("buildops_triton", default=None)
+
+
+def recording_active() -> bool:
+    """Whether launches in this context are being recorded (so nothing compiles)."""
+    return _recording_var.get() is not None
+
+
+def _recording_jit_run(original: Any) -> Any:
+    def run(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        recording = _recording_var.get()
+        if recording is None:
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        recording.add(self, args, kwargs)
+        return None
+    return run
+
+
+def _recording_autotuner_run(original: Any) -> Any:
+    def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
+        recording = _recording_var.get()
+        if recording is None:
+            return original(self, *args, **kwargs)
+        first = len(recording.builds)
+        for config in _configs_to_build(self, args, kwargs):  # every config, no benchmark: each is a build
+            self.fn.run(*args, **kwargs, **config.all_kwargs())
+        tune = tune_build(recording.op, self, args, kwargs, [b.key for b in recording.builds[first:]], original)
+        if tune is not None:
+            recording.builds.append(tune)
+        return None
+    return run
+
+
+_JIT_RUN = Patch(JITFunction, "run", _recording_jit_run,
+                 "Triton has no hook before a launch compiles: launches are recorded where they would compile")
+_AUTOTUNER_RUN = Patch(Autotuner, "run", _recording_autotuner_run,
+                       "an autotuned launch is recorded as one build per config, without benchmarking")
+
+
+def _configs_to_build(tuner: Autotuner, args: tuple, kwargs: dict) -> list:
+    """The tuner's configs after its own early pruning (data-independent by contract), without its perf model."""
+    if len(tuner.configs) <= 1 or not tuner.early_config_prune:
+        return list(tuner.configs)
+    try:
+        return list(tuner.early_config_prune(tuner.configs, dict(zip(tuner.arg_names, args)), **kwargs))
+    except Exception:  # pruning that needs real data: build every config, which is never wrong, only more
+        logger.debug("buildops: early_config_prune of %s failed on stand-ins; building every config",
+                     tuner.base_fn.__name__, exc_info=True)
+        return list(tuner.configs)
+
+
+@contextlib.contextmanager
+def recording(op: str) -> Iterator[list[Build]]:
+    """Within the block, Triton launches on this thread become builds (appended to the yielded list) instead of
+    compiles and launches. Other threads launch as usual."""
+    target()  # make sure a driver exists, so the binder can specialize
+    recording_ = _Recording(op)
+    with _JIT_RUN.applied(), _AUTOTUNER_RUN.applied():
+        token = _recording_var.set(recording_)
+        try:
+            yield recording_.builds
+        finally:
+            _recording_var.reset(token)
+
+
+def triton_builds(op: str, kernel: Any, *args: Any, **kwargs: Any) -> list[Build]:
+    """The builds a launch ``kernel[grid](*args, **kwargs)`` needs, without compiling or launching anything.
+
+    ``kernel`` is a ``@triton.jit`` function, possibly under ``@triton.autotune`` (one build per config left after
+    the tuner's early pruning) and ``@triton.heuristics`` (applied as at launch). Tensor arguments may be real or
+    fake tensors, :class:`~buildops.TensorSpec`, or torch dtypes. Pass the keyword options (``num_warps``, ...)
+    exactly as the real launch does, in the same order: Triton's cache key depends on them.
+    """
+    with recording(op) as builds:
+        kernel.run(*args, grid=(1,), warmup=False, **kwargs)
+    return builds
