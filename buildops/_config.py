@@ -1,9 +1,15 @@
-"""Every ``BUILDOPS_*`` setting, in one place.
+"""Every ``BUILDOPS_*`` setting, each declared once as a typed descriptor on the settings class. A setting:
 
-Settings are read from the environment each time they are asked for (never at import, never into module
-constants), so a process can set them any time before the first use. A bad value fails loudly with the
-variable, the value and what was expected. :meth:`settings.scope` overrides settings for a block; tests use it
-instead of touching ``os.environ``.
+* is read from its variable each time ``settings.<name>`` is asked for (never at import, never into module
+  constants), so a process may set it any time before the first use; unset or blank gives the default, computed then;
+* has its declared type, to type checkers too (``settings.threads`` is an ``int``, ``settings.executor`` one of
+  its choices);
+* raises :class:`ConfigError` for a bad value where it is read, naming the variable, the value and what was
+  expected (:meth:`settings.validate` reads settings for that alone);
+* is overridden for a block by :meth:`settings.scope` (process-wide, checked by the same parser), never assigned;
+* documents itself: ``help(settings)``, :meth:`settings.describe` and :func:`markdown_table` come from it.
+
+Importing this module reads nothing, starts nothing and needs no torch.
 """
 
 from __future__ import annotations
@@ -13,74 +19,156 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar, cast, overload
 
-__all__ = ["ConfigError", "cpu_share", "default_workers", "settings", "triton_executor"]
+__all__ = ["ConfigError", "Setting", "cpu_share", "default_workers", "markdown_table", "settings", "triton_executor"]
+
+T = TypeVar("T")
+S = TypeVar("S", bound=str)
+N = TypeVar("N", int, float)
+
+Executor = Literal["auto", "threads", "processes"]
+DeepGemmM = Literal["relaxed", "full", "off"]
+LateCompile = Literal["warn", "error", "ignore"]
+
+_UNSET: Any = object()
 
 
 class ConfigError(ValueError):
     """A ``BUILDOPS_*`` setting has a value buildops cannot use."""
 
 
-def _parse_bool(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name}={raw!r}: expected 1 or 0 (also true/false, yes/no, on/off)")
+class Setting(Generic[T]):
+    """One ``BUILDOPS_*`` variable, declared on the settings class. Read on ``settings`` it gives the value now, a
+    ``T``; read on the class it gives this declaration: ``env``, ``doc``, ``expected``, ``default``."""
+
+    expected = ""  # what a value may be, in errors and in the docs' table
+
+    def __init__(self, env: str, doc: str, default: Callable[[], T], *, default_doc: str | None = None,
+                 expected: str | None = None) -> None:
+        self.env = env
+        self.doc = doc
+        self.default = default  # called when the variable is unset, never before
+        self.default_doc = default_doc  # the default in words, for the docs, where it is computed
+        self.expected = self.expected if expected is None else expected
+        self.name = ""
+        self.__doc__ = f"{env}: {doc}\nValues: {self.expected}."
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} ({self.env})>"
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Setting[T]: ...
+    @overload
+    def __get__(self, obj: _Settings, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: _Settings | None, owner: type | None = None) -> T | Setting[T]:
+        if obj is None:
+            return self
+        value = obj._overrides.get(self.name, _UNSET)
+        if value is not _UNSET:
+            return cast(T, value)  # scope() stored what parse() returned
+        raw = os.environ.get(self.env)
+        if raw is None or raw.strip() == "":
+            return self.default()
+        return self.parse(raw)
+
+    # A data descriptor, so help() shows its doc; `value: NoReturn` makes type checkers refuse any assignment.
+    def __set__(self, obj: _Settings, value: NoReturn) -> NoReturn:
+        raise AttributeError(f"settings.{self.name} is read from {self.env}; override it with "
+                             f"settings.scope({self.name}=...)")
+
+    def parse(self, raw: str) -> T:
+        """``raw`` as a value of this variable, or a :class:`ConfigError` naming it."""
+        value = self._convert(raw.strip())
+        if value is None:
+            raise ConfigError(f"{self.env}={raw!r}: expected {self.expected}")
+        return value
+
+    def _convert(self, value: str) -> T | None:
+        """``value`` (stripped) as a ``T``, or None where it is not one."""
+        raise NotImplementedError
 
 
-def _parse_node_locks(name: str, raw: str) -> str:
-    """``off``, or the directory ("" for the default one). Relative paths are refused: the node's processes must
-    all name the same directory, whatever each one's working directory."""
-    value = raw.strip()
-    if value.lower() in ("0", "false", "no", "off"):
-        return "off"
-    if value.lower() in ("", "1", "true", "yes", "on"):
-        return ""
-    value = os.path.expanduser(value)
-    if not os.path.isabs(value):
-        raise ConfigError(f"{name}={raw!r}: expected an absolute directory, which every process of the node names "
-                          f"alike, or off")
-    return value
+def _switch(value: str) -> bool | None:
+    value = value.lower()
+    return True if value in ("1", "true", "yes", "on") else False if value in ("0", "false", "no", "off") else None
 
 
-def _parse_count(name: str, raw: str) -> int:
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"{name}={raw!r}: expected a whole number >= 1")
-    return value
+def _number(kind: Callable[[str], N], value: str) -> N | None:
+    with contextlib.suppress(ValueError):
+        return kind(value)
+    return None
 
 
-def _parse_whole(unit: str) -> Callable[[str, str], int]:
-    def parse(name: str, raw: str) -> int:
-        value = raw.strip()
+class _Flag(Setting[bool]):
+    expected = "1 or 0 (also true/false, yes/no, on/off)"
+
+    def _convert(self, value: str) -> bool | None:
+        return _switch(value)
+
+
+class _Count(Setting[int]):
+    expected = "a whole number >= 1"
+
+    def _convert(self, value: str) -> int | None:
+        count = _number(int, value)
+        return count if count is not None and count >= 1 else None
+
+
+class _Whole(Setting[int]):
+    def __init__(self, env: str, doc: str, default: Callable[[], int], *, expected: str,
+                 at_most: int | None = None) -> None:
+        super().__init__(env, doc, default, expected=expected)
+        self.at_most = at_most
+
+    def _convert(self, value: str) -> int | None:
         if not (value.isascii() and value.isdigit()):  # isdigit alone takes "²", which int() refuses
-            raise ConfigError(f"{name}={raw!r}: expected a whole number of {unit} >= 0")
-        return int(value)
-    return parse
+            return None
+        number = int(value)
+        return number if self.at_most is None or number <= self.at_most else None
 
 
-def _parse_niceness(name: str, raw: str) -> int:
-    value = raw.strip()
-    if not (value.isascii() and value.isdigit()) or int(value) > 19:
-        raise ConfigError(f"{name}={raw!r}: expected a whole number from 0 (the engine's priority) to 19 (the lowest)")
-    return int(value)
+class _Seconds(Setting[float]):
+    expected = "a number of seconds >= 0"
+
+    def _convert(self, value: str) -> float | None:
+        seconds = _number(float, value)
+        return seconds if seconds is not None and seconds >= 0 else None  # nan compares false: refused
 
 
-def _parse_seconds(name: str, raw: str) -> float:
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        value = math.nan
-    if not value >= 0:  # also rejects nan
-        raise ConfigError(f"{name}={raw!r}: expected a number of seconds >= 0")
-    return value
+class _Choice(Setting[S]):
+    def __init__(self, env: str, doc: str, default: Callable[[], S], *, choices: tuple[S, ...]) -> None:
+        super().__init__(env, doc, default, expected=f"one of {', '.join(choices)}")
+        self.choices = choices
+
+    def _convert(self, value: str) -> S | None:
+        return next((choice for choice in self.choices if choice == value.lower()), None)
+
+
+class _Target(Setting[tuple[str, int]]):
+    expected = "BACKEND:ARCH, e.g. cuda:90 (Hopper) or cuda:80 (Ampere)"
+
+    def _convert(self, value: str) -> tuple[str, int] | None:
+        backend, _, arch = value.partition(":")
+        if backend not in ("cuda", "hip") or not (arch.isascii() and arch.isdigit()):
+            return None
+        return backend, int(arch)
+
+
+class _NodeLocks(Setting[str]):
+    # "off", or the directory ("" for the default one). Relative ones are refused: every process must name the same.
+    expected = "an absolute directory, which every process of the node names alike, or off"
+
+    def _convert(self, value: str) -> str | None:
+        switch = _switch(value) if value else True
+        if switch is not None:
+            return "" if switch else "off"
+        path = os.path.expanduser(value)
+        return path if os.path.isabs(path) else None
 
 
 def cpu_share() -> int:
@@ -101,22 +189,18 @@ def default_workers(cpus: int) -> int:
     """How many builds run at once by default on ``cpus`` CPUs: all of them but a quarter, at most 4 (none on
     fewer than 4), and at most 32.
 
-    Why leave cores idle: builds overlap the engine's own start, whose process keeps several threads busy
-    meanwhile (its main thread, its loader, buildops' module loads and autotuning). A worker per core left those
-    on the run queues and made the tiny LLM's start slower on the 16-core H200 host (``docs/design.md``).
+    Cores are left idle because builds overlap the engine's own start, whose threads (its main thread, its loader,
+    buildops' module loads and autotuning) would otherwise wait on the run queues (``docs/design.md``).
     """
     return max(1, min(32, cpus - min(4, cpus // 4)))
 
 
-# Triton's front end holds the GIL, so on many cores threads mostly wait for each other; processes do not.
-# Measured on a 16-core H200 host, 48 variants: 16 threads 4.6-5.9x serial, 16 warm processes 9.2-12.6x. On a few
-# cores the cost of starting processes is not won back. Processes only once warm (threads meanwhile) measured
-# slower still on the tiny LLM's startup: in-process compiles starved its rehearsal of the GIL while the workers
-# started, then the workers' start competed for the cores.
+# Triton's front end holds the GIL, so on many cores worker processes outrun threads; on a few, starting the
+# processes costs more than they win ("Worker processes" in docs/design.md).
 AUTO_PROCESSES_FROM_CPUS = 8
 
 
-def triton_executor() -> str:
+def triton_executor() -> Literal["threads", "processes"]:
     """Where Triton builds compile: ``threads`` or ``processes`` (``auto``: processes where cores are many)."""
     executor = settings.executor
     if executor == "auto":
@@ -124,148 +208,128 @@ def triton_executor() -> str:
     return executor
 
 
-def _parse_choice(*choices: str) -> Callable[[str, str], str]:
-    def parse(name: str, raw: str) -> str:
-        value = raw.strip().lower()
-        if value not in choices:
-            raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
-        return value
-    return parse
-
-
-def _parse_target(name: str, raw: str) -> tuple[str, int]:
-    backend, _, arch = raw.strip().partition(":")
-    if backend not in ("cuda", "hip") or not (arch.isascii() and arch.isdigit()):
-        raise ConfigError(f"{name}={raw!r}: expected BACKEND:ARCH, e.g. cuda:90 (Hopper) or cuda:80 (Ampere)")
-    return backend, int(arch)
-
-
-@dataclass(frozen=True)
-class _Setting:
-    env: str
-    parse: Callable[[str, str], Any]
-    default: Callable[[], Any]
-    doc: str
-
-
-_SETTINGS = {
-    "enabled": _Setting(
-        "BUILDOPS", _parse_bool, lambda: True,
-        "0 makes every decorator transparent and every pass a plain block.",
-    ),
-    "threads": _Setting(
-        "BUILDOPS_THREADS", _parse_count, lambda: default_workers(cpu_share()),
-        "Builds at once: worker threads of the builder, and worker processes (default: this process's CPU share "
-        "less a quarter, at most 4 kept for the engine's own threads; at most 32).",
-    ),
-    "executor": _Setting(
-        "BUILDOPS_EXECUTOR", _parse_choice("auto", "threads", "processes"), lambda: "auto",
-        "Where Triton builds compile: worker threads, warm worker processes, or auto (processes on many cores).",
-    ),
-    "gpu_reserve_mb": _Setting(
-        "BUILDOPS_GPU_RESERVE_MB", _parse_whole("MiB"), lambda: 1024,
-        "GPU memory (MiB) that builds' dummy operands always leave free.",
-    ),
-    "deep_gemm_m": _Setting(
-        "BUILDOPS_DEEP_GEMM_M", _parse_choice("relaxed", "full", "off"), lambda: "relaxed",
-        "Which M values DeepGEMM builds run: relaxed (representative), full (every M up to the max), off.",
-    ),
-    "node_locks": _Setting(
-        "BUILDOPS_NODE_LOCKS", _parse_node_locks, lambda: "",
-        "Absolute directory of the lock files by which the processes of a node share builds, or off (also 0, "
-        "false, no).",
-    ),
-    "late_compile": _Setting(
-        "BUILDOPS_LATE_COMPILE", _parse_choice("warn", "error", "ignore"), lambda: "warn",
-        "What a kernel compiled on first use after a pass does: warn (log once), error (raise), ignore.",
-    ),
-    "autotune": _Setting(
-        "BUILDOPS_AUTOTUNE", _parse_bool, lambda: True,
-        "On a GPU, run the autotuning of @triton.autotune launches in the build (on zeros), not at first use.",
-    ),
-    "triton_target": _Setting(
-        "BUILDOPS_TRITON_TARGET", _parse_target, lambda: ("cuda", 90),
-        "The target Triton builds compile for on a machine without a GPU driver (BACKEND:ARCH).",
-    ),
-    "switch_interval_us": _Setting(
-        "BUILDOPS_SWITCH_INTERVAL_US", _parse_whole("microseconds"), lambda: 200,
-        "The GIL's switch interval (microseconds) at most, while builds run; 0 leaves it alone.",
-    ),
-    "worker_nice": _Setting(
-        "BUILDOPS_WORKER_NICE", _parse_niceness, lambda: 10,
-        "How much build worker processes lower their CPU priority (added to their niceness, 0-19), so that the "
-        "engine's own threads run first where the cores are all busy; 0 leaves it.",
-    ),
-    "build_timeout": _Setting(
-        "BUILDOPS_BUILD_TIMEOUT", _parse_seconds, lambda: 900.0,
-        "Seconds a build may run before it is given up as failed, so that a hung compile never holds an op's "
-        "calls or a join; its op compiles on first use. 0: no limit.",
-    ),
-    "progress_after": _Setting(
-        "BUILDOPS_PROGRESS_AFTER", _parse_seconds, lambda: 1.0,
-        "Seconds a join waits before it shows a progress bar.",
-    ),
-}
-
-
 class _Settings:
-    """Attribute access to the settings: ``settings.threads``. Overrides from :meth:`scope` win over the env."""
+    """The ``BUILDOPS_*`` settings: ``settings.threads`` reads ``BUILDOPS_THREADS`` now, and overrides from
+    :meth:`scope` win over the environment. ``type(settings).threads`` is the declaration."""
+
+    __slots__ = ("_lock", "_overrides")
+
+    enabled = _Flag("BUILDOPS", "0 makes every decorator transparent and every pass a plain block.", lambda: True)
+    threads = _Count("BUILDOPS_THREADS", "Builds at once: worker threads of the builder, and worker processes "
+                     "(default: this process's CPU share less a quarter, at most 4 kept for the engine's own threads; "
+                     "at most 32).", lambda: default_workers(cpu_share()),
+                     default_doc="CPU share less a quarter (at most 4 kept), at most 32")
+    executor = _Choice[Executor]("BUILDOPS_EXECUTOR", "Where Triton builds compile: worker threads, warm worker "
+                                 "processes, or auto (processes on many cores).", lambda: "auto",
+                                 choices=("auto", "threads", "processes"))
+    gpu_reserve_mb = _Whole("BUILDOPS_GPU_RESERVE_MB", "GPU memory (MiB) that builds' dummy operands always leave "
+                            "free.", lambda: 1024, expected="a whole number of MiB >= 0")
+    deep_gemm_m = _Choice[DeepGemmM]("BUILDOPS_DEEP_GEMM_M", "Which M values DeepGEMM builds run: relaxed "
+                                     "(representative), full (every M up to the max), off.", lambda: "relaxed",
+                                     choices=("relaxed", "full", "off"))
+    node_locks = _NodeLocks("BUILDOPS_NODE_LOCKS", "Absolute directory of the lock files by which the processes of "
+                            "a node share builds, or off (also 0, false, no).", lambda: "",
+                            default_doc="`<tmp>/buildops-node-locks-<uid>`")
+    late_compile = _Choice[LateCompile]("BUILDOPS_LATE_COMPILE", "What a kernel compiled on first use after a pass "
+                                        "does: warn (log once), error (raise), ignore.", lambda: "warn",
+                                        choices=("warn", "error", "ignore"))
+    autotune = _Flag("BUILDOPS_AUTOTUNE", "On a GPU, run the autotuning of @triton.autotune launches in the build "
+                     "(on zeros), not at first use.", lambda: True)
+    triton_target = _Target("BUILDOPS_TRITON_TARGET", "The target Triton builds compile for on a machine without a "
+                            "GPU driver (BACKEND:ARCH).", lambda: ("cuda", 90))
+    switch_interval_us = _Whole("BUILDOPS_SWITCH_INTERVAL_US", "The GIL's switch interval (microseconds) at most, "
+                                "while builds run; 0 leaves it alone.", lambda: 200,
+                                expected="a whole number of microseconds >= 0")
+    worker_nice = _Whole("BUILDOPS_WORKER_NICE", "How much build worker processes lower their CPU priority (added "
+                         "to their niceness, 0-19), so that the engine's own threads run first where the cores are "
+                         "all busy; 0 leaves it.", lambda: 10, at_most=19,
+                         expected="a whole number from 0 (the engine's priority) to 19 (the lowest)")
+    build_timeout = _Seconds("BUILDOPS_BUILD_TIMEOUT", "Seconds a build may run before it is given up as failed, so "
+                             "that a hung compile never holds an op's calls or a join; its op compiles on first use. "
+                             "0: no limit.", lambda: 900.0)
+    progress_after = _Seconds("BUILDOPS_PROGRESS_AFTER", "Seconds a join waits before it shows a progress bar.",
+                              lambda: 1.0)
 
     def __init__(self) -> None:
-        self._overrides: dict[str, Any] = {}
+        self._overrides: dict[str, object] = {}
         self._lock = threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:
-        setting = _SETTINGS.get(name)
-        if setting is None:
-            raise AttributeError(f"buildops has no setting {name!r}; known: {', '.join(sorted(_SETTINGS))}")
-        if name in self._overrides:
-            return self._overrides[name]
-        raw = os.environ.get(setting.env)
-        if raw is None or raw.strip() == "":
-            return setting.default()
-        return setting.parse(setting.env, raw)
+    if not TYPE_CHECKING:  # hidden from type checkers, so that they report a misspelt setting themselves
+        def __getattr__(self, name: str) -> NoReturn:
+            raise AttributeError(f"buildops has no setting {name!r}; known: {', '.join(sorted(_declared()))}")
 
     def describe(self) -> dict[str, str]:
         """Each setting's variable and what it does, for docs and ``--help`` texts."""
-        return {s.env: s.doc for s in _SETTINGS.values()}
+        return {setting.env: setting.doc for setting in _declared().values()}
+
+    def validate(self, *names: str) -> None:
+        """Read the named settings (every one without names), so that bad values raise here: one
+        :class:`ConfigError` naming each bad variable, its value and what was expected."""
+        errors = []
+        for name in names or _declared():
+            try:
+                _declaration(name, f"settings.validate({name!r})").__get__(self)
+            except ConfigError as error:
+                errors.append(str(error))
+        if errors:
+            raise ConfigError("; ".join(errors))
 
     @contextlib.contextmanager
-    def scope(self, **overrides: Any) -> Iterator[None]:
+    def scope(self, **overrides: object) -> Iterator[None]:
         """Override settings for the block, then restore them: ``with settings.scope(threads=2): ...``.
 
         Values are Python values (``threads=2``, ``enabled=False``), checked by the same parsers as the env. The
         overrides are process-wide, seen by every thread (buildops' own included), and the block restores only the
         settings it named: scopes on other settings, in other threads, are left as they are.
         """
-        parsed = {}
-        for name, value in overrides.items():
-            setting = _SETTINGS.get(name)
-            if setting is None:
-                raise ConfigError(f"settings.scope({name}=...): unknown setting; known: {', '.join(sorted(_SETTINGS))}")
-            parsed[name] = setting.parse(setting.env, _as_env(value))  # what the environment would give: "0" is False
-        missing = object()
+        parsed = {  # what the environment would give: "0" is False
+            name: _declaration(name, f"settings.scope({name}=...)").parse(_as_env(value))
+            for name, value in overrides.items()
+        }
         with self._lock:
-            saved = {name: self._overrides.get(name, missing) for name in overrides}
+            saved = {name: self._overrides.get(name, _UNSET) for name in parsed}
             self._overrides.update(parsed)
         try:
             yield
         finally:
             with self._lock:
                 for name, value in saved.items():
-                    if value is missing:
+                    if value is _UNSET:
                         self._overrides.pop(name, None)
                     else:
                         self._overrides[name] = value
 
 
-def _as_env(value: Any) -> str:
-    """How a Python value given to ``scope`` reads as an environment value, for validation."""
+def _declared() -> dict[str, Setting[Any]]:
+    """The settings by attribute name, in the order they are declared."""
+    return {name: value for name, value in vars(_Settings).items() if isinstance(value, Setting)}
+
+
+def _declaration(name: str, where: str) -> Setting[Any]:
+    declared = _declared()
+    if name not in declared:
+        raise ConfigError(f"{where}: unknown setting; known: {', '.join(sorted(declared))}")
+    return declared[name]
+
+
+def _as_env(value: object) -> str:
+    """How a Python value reads as an environment value: for scope's validation and the docs' defaults."""
     if isinstance(value, bool):
         return str(int(value))
     if isinstance(value, tuple):
         return ":".join(map(str, value))
     return str(value)
+
+
+def markdown_table() -> str:
+    """The settings as a markdown table, ``| variable | type | default | meaning |``, one row each in declaration
+    order. The type column says what a value may be; a computed default is said in words."""
+    rows = ["| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for setting in _declared().values():
+        default = setting.default_doc or f"`{_as_env(setting.default())}`"
+        cells = (f"`{setting.env}`", setting.expected, default, setting.doc)
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(rows) + "\n"
 
 
 settings = _Settings()

@@ -1,9 +1,12 @@
+import pydoc
+import re
 import threading
 
 import pytest
 import torch
 
 from buildops import BuildConfig, ConfigError, DynamicSpec, build_pass, lists_kernels, settings
+from buildops._config import Setting, markdown_table
 
 from conftest import WAIT
 
@@ -116,3 +119,61 @@ def test_bad_setting_leaves_ops_untouched(monkeypatch):
     op = lists_kernels(BuildConfig(DynamicSpec("x", 0)), output="x")(lambda x: x + 1)
     monkeypatch.setenv("BUILDOPS_THREADS", "many")
     assert torch.equal(op(torch.zeros(2)), torch.ones(2))  # outside a pass, settings are never read
+
+VARIABLES = ["BUILDOPS", "BUILDOPS_THREADS", "BUILDOPS_EXECUTOR", "BUILDOPS_GPU_RESERVE_MB", "BUILDOPS_DEEP_GEMM_M",
+             "BUILDOPS_NODE_LOCKS", "BUILDOPS_LATE_COMPILE", "BUILDOPS_AUTOTUNE", "BUILDOPS_TRITON_TARGET",
+             "BUILDOPS_SWITCH_INTERVAL_US", "BUILDOPS_WORKER_NICE", "BUILDOPS_BUILD_TIMEOUT", "BUILDOPS_PROGRESS_AFTER"]
+
+
+def test_each_setting_is_a_descriptor_declared_on_the_class(monkeypatch):
+    declared = type(settings).threads
+    assert isinstance(declared, Setting) and (declared.name, declared.env) == ("threads", "BUILDOPS_THREADS")
+    assert declared.__doc__.startswith("BUILDOPS_THREADS: Builds at once") and "a whole number >= 1" in declared.__doc__
+    assert declared.parse(" 3 ") == 3 and declared.doc == settings.describe()["BUILDOPS_THREADS"]
+    assert list(settings.describe()) == VARIABLES
+    monkeypatch.setenv("BUILDOPS_THREADS", "7")
+    assert settings.threads == 7 and type(settings).threads is declared  # the class gives the declaration
+    with pytest.raises(AttributeError, match=r"override it with settings.scope\(threads=...\)"):
+        settings.threads = 2
+    assert settings.threads == 7
+
+
+def test_help_shows_every_variable_with_its_doc():
+    text = pydoc.render_doc(type(settings), renderer=pydoc.plaintext)
+    for variable, doc in settings.describe().items():
+        assert f"{variable}: {doc}" in text
+
+
+def test_validate_reads_every_setting_or_the_named_ones(monkeypatch):
+    settings.validate()
+    monkeypatch.setenv("BUILDOPS_WORKER_NICE", "20")
+    settings.validate("threads", "enabled")  # the bad one is not among them
+    with pytest.raises(ConfigError, match="BUILDOPS_WORKER_NICE='20': expected a whole number from 0"):
+        settings.validate("worker_nice")
+    monkeypatch.setenv("BUILDOPS_THREADS", "0")
+    with pytest.raises(ConfigError) as raised:
+        settings.validate()
+    assert str(raised.value) == ("BUILDOPS_THREADS='0': expected a whole number >= 1; BUILDOPS_WORKER_NICE='20': "
+                                 "expected a whole number from 0 (the engine's priority) to 19 (the lowest)")
+    with settings.scope(worker_nice=3, threads=2):
+        settings.validate()  # overrides win over the environment, here too
+    with pytest.raises(ConfigError, match=r"settings.validate\('thread'\): unknown setting; known: autotune, "):
+        settings.validate("thread")
+
+
+def test_markdown_table_has_a_row_per_setting_from_its_declaration(monkeypatch):
+    monkeypatch.setenv("BUILDOPS_THREADS", "many")  # the table reads no variable
+    lines = markdown_table().splitlines()
+    assert lines[:2] == ["| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
+    rows = {}
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)]
+        assert cells[0] == cells[-1] == "" and len(cells) == 6, line
+        rows[cells[1].strip("`")] = cells[2:5]
+    assert list(rows) == VARIABLES
+    assert rows["BUILDOPS_THREADS"][:2] == ["a whole number >= 1", "CPU share less a quarter (at most 4 kept), at most 32"]
+    assert rows["BUILDOPS_NODE_LOCKS"][1] == "`<tmp>/buildops-node-locks-<uid>`"
+    assert rows["BUILDOPS_EXECUTOR"][:2] == ["one of auto, threads, processes", "`auto`"]
+    assert rows["BUILDOPS"][1] == "`1`" and rows["BUILDOPS_TRITON_TARGET"][1] == "`cuda:90`"
+    for variable, doc in settings.describe().items():
+        assert rows[variable][2] == doc
