@@ -8,6 +8,8 @@ build only:
   Each becomes a cross-reference to the object it names, resolved from the docstring's own scope as Python would.
   The reference is optional: a name the site does not render (a private helper) becomes plain code instead of a
   broken link. Run ``mkdocs build -v`` to see which roles did not resolve.
+* Lists that follow their introducing line directly ("Contract:" then "  * ``key`` ..."), which Markdown would
+  fold into that line's paragraph. Each gets the blank line before it that Markdown needs.
 * Parameters documented together (``output, name: as for lists_kernels``) in an ``Args:`` section. Each parameter
   gets the entry of its own, so the parser's check of documented parameters against the signature still holds.
 """
@@ -25,6 +27,7 @@ logger = logging.getLogger("mkdocs.hooks.griffe_docstrings")
 
 _SECTION = re.compile(r"^(\s*)(Args|Arguments|Parameters|Params):\s*$")
 _GROUPED = re.compile(r"^(\s+)(\w+(?:\s*,\s*\w+)+):(\s.*)?$")
+_ITEM = re.compile(r"^\s{0,3}[*-]\s")
 _ROLE = re.compile(r":(?:py:)?(?:func|class|meth|attr|data|mod|obj|exc|const):`(~?)([^`<>]+?)(\(\))?`")
 
 
@@ -73,6 +76,22 @@ def _split_grouped_parameters(text: str) -> str:
     return "\n".join(out)
 
 
+def _blank_line_before_lists(text: str) -> str:
+    out: list[str] = []
+    in_list = in_fence = False  # in_list: since the last blank line, a list item was seen
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+        if in_fence or not line.strip():
+            in_list = False
+        elif _ITEM.match(line):
+            if not in_list and out and out[-1].strip():
+                out.append("")
+            in_list = True
+        out.append(line)
+    return "\n".join(out)
+
+
 class HelpStyleDocstrings(griffe.Extension):
     """Rewrite Sphinx roles and grouped parameters in docstrings (see the module docstring)."""
 
@@ -84,7 +103,7 @@ class HelpStyleDocstrings(griffe.Extension):
             return
         seen.add(obj.path)
         if obj.docstring is not None:
-            value = _split_grouped_parameters(obj.docstring.value)
+            value = _blank_line_before_lists(_split_grouped_parameters(obj.docstring.value))
             obj.docstring.value = _ROLE.sub(lambda match: self._link(obj, match), value)
         for member in obj.members.values():
             if not member.is_alias:
