@@ -14,14 +14,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import backends  # registers the backends with the core; imports none of their libraries
+from . import backends  # noqa: F401 - registers the backends with the core; imports none of their libraries
 from ._config import ConfigError, settings
 from ._core import extensions
 from ._core.build import Build, BuildRecord, BuildState, BuildTimeoutError
 from ._core.default import join, shutdown
 from ._core.families import OpFamily, model_configured, model_created, register_family, unregister_family
 from ._core.late import LateCompile, LateCompileError, late_compiles
-from ._core.passes import build_pass, rehearsal
+from ._core.passes import BuildPass, build_pass, rehearsal
 from .reporting import OpReport, Report, report
 
 __version__ = "0.2.0"
@@ -62,6 +62,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Build",
     "BuildConfig",
+    "BuildPass",
     "BuildRecord",
     "BuildState",
     "BuildTimeoutError",

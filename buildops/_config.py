@@ -33,6 +33,13 @@ LateCompile = Literal["warn", "error", "ignore"]
 
 _UNSET: Any = object()
 
+# The default worker count: at most this many builds at once, and at most this many CPUs left to the engine's threads
+MAX_DEFAULT_WORKERS = 32
+MAX_CPUS_KEPT = 4
+# BUILDOPS_EXECUTOR=auto compiles Triton in worker processes from this many CPUs on
+# (docs/decisions/0001-worker-processes-for-triton.md)
+AUTO_PROCESSES_FROM_CPUS = 8
+
 
 class ConfigError(ValueError):
     """A ``BUILDOPS_*`` setting has a value buildops cannot use."""
@@ -187,17 +194,10 @@ def cpu_share() -> int:
 
 def default_workers(cpus: int) -> int:
     """How many builds run at once by default on ``cpus`` CPUs: all of them but a quarter, at most 4 (none on
-    fewer than 4), and at most 32.
-
-    Cores are left idle because builds overlap the engine's own start, whose threads (its main thread, its loader,
-    buildops' module loads and autotuning) would otherwise wait on the run queues (``docs/design.md``).
+    fewer than 4), and at most 32. The cores left idle run the engine's own start beside the builds
+    (docs/decisions/0010-default-worker-count.md).
     """
-    return max(1, min(32, cpus - min(4, cpus // 4)))
-
-
-# Triton's front end holds the GIL, so on many cores worker processes outrun threads; on a few, starting the
-# processes costs more than they win ("Worker processes" in docs/design.md).
-AUTO_PROCESSES_FROM_CPUS = 8
+    return max(1, min(MAX_DEFAULT_WORKERS, cpus - min(MAX_CPUS_KEPT, cpus // 4)))
 
 
 def triton_executor() -> Literal["threads", "processes"]:

@@ -10,6 +10,7 @@ GPU builds are queued or running.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -27,9 +28,16 @@ class GraphCaptureDuringBuild(RuntimeError):
 
 
 def prepare_graph_capture(timeout: float | None = None) -> None:
-    """Wait for every GPU build, so that a CUDA graph capture can begin; raises TimeoutError past ``timeout``, and
-    :class:`GraphCaptureDuringBuild` if a GPU build given up as timed out (``BUILDOPS_BUILD_TIMEOUT``) still runs:
-    no wait ends it, and a capture beside it could take in its work."""
+    """Wait for every GPU build, so that a CUDA graph capture can begin.
+
+    Args:
+        timeout: seconds to wait at most (default: no limit).
+
+    Raises:
+        TimeoutError: GPU builds still run after ``timeout``.
+        GraphCaptureDuringBuild: a GPU build given up as timed out (``BUILDOPS_BUILD_TIMEOUT``) still runs: no wait
+            ends it, and a capture beside it could take in its work.
+    """
     if not join(gpu_only=True, timeout=timeout):
         raise TimeoutError(f"buildops: GPU builds still running after {timeout} s; not safe to capture a graph yet")
     stuck = stuck_gpu_builds()
@@ -58,7 +66,7 @@ def _guarded(original: Any) -> Any:
                 f"(ops: {ops}); call buildops.prepare_graph_capture() (or buildops.join(gpu_only=True)) first")
         return original(self, *args, **kwargs)
 
-    capture_begin.__wrapped__ = original  # type: ignore[attr-defined]
+    functools.update_wrapper(capture_begin, original, assigned=(), updated=())  # sets only __wrapped__
     return capture_begin
 
 

@@ -4,6 +4,7 @@ against how many compiled on first use."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ._core.build import BuildRecord, BuildState
@@ -15,6 +16,9 @@ __all__ = ["OpReport", "Report", "report"]
 
 @dataclass(frozen=True)
 class OpReport:
+    """One op's builds: how many it listed, shared with another op, built, failed, cancelled and left pending, the
+    seconds its builds ran and the seconds its calls waited for them."""
+
     op: str
     listed: int
     shared: int
@@ -28,6 +32,9 @@ class OpReport:
 
 @dataclass(frozen=True)
 class Report:
+    """What :func:`report` returns: one :class:`OpReport` per op, each failure, and the kernels built ahead and
+    compiled late per library."""
+
     ops: tuple[OpReport, ...]
     failures: tuple[tuple[str, str, str], ...]  # (op, build, error)
     prebuilt: dict[str, int] = field(default_factory=dict)  # per library ("triton", ...): builds built
@@ -41,19 +48,25 @@ class Report:
                 for lib in sorted(libraries)}
 
     def total(self, field: str) -> float:
+        """The sum over the ops of one :class:`OpReport` field.
+
+        Args:
+            field: the field's name, e.g. ``"built"`` or ``"build_seconds"``.
+        """
         return sum(getattr(op, field) for op in self.ops)
 
     def format(self) -> str:
         """A plain-text table, one row per op, a total row, then each failure on a line."""
         head = ("op", "listed", "shared", "built", "failed", "cancelled", "pending", "build s", "wait s")
-        rows = [(o.op, o.listed, o.shared, o.built, o.failed, o.cancelled, o.pending,
-                 f"{o.build_seconds:.2f}", f"{o.wait_seconds:.2f}") for o in self.ops]
+        rows: list[Sequence[object]] = [
+            (o.op, o.listed, o.shared, o.built, o.failed, o.cancelled, o.pending,
+             f"{o.build_seconds:.2f}", f"{o.wait_seconds:.2f}") for o in self.ops]
         rows.append(("total", *(int(self.total(f)) for f in ("listed", "shared", "built", "failed", "cancelled",
                                                               "pending")),
                      f"{self.total('build_seconds'):.2f}", f"{self.total('wait_seconds'):.2f}"))
         widths = [max(len(str(r[i])) for r in (head, *rows)) for i in range(len(head))]
 
-        def line(row) -> str:  # the op name left-aligned, the figures right-aligned
+        def line(row: Sequence[object]) -> str:  # the op name left-aligned, the figures right-aligned
             cells = enumerate(zip(row, widths))
             return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in cells)
 

@@ -49,34 +49,45 @@ __all__ = ["phase", "phases", "rehearse_then_load", "start_build_workers"]
 logger = logging.getLogger("buildops")
 T = TypeVar("T")
 
+# How long the background preparation waits for the engine to import torch and Triton before it gives up.
+PREPARE_WAIT_SECONDS = 600.0
+# How often it looks whether they are imported.
+PREPARE_POLL_SECONDS = 0.05
+# How long a build of Triton's CUDA helper module may take before it is stopped (its driver then builds it).
+UTILS_WAIT_SECONDS = 60.0
+
 _phases: list[tuple[str, float]] = []
 _lock = threading.Lock()
+_prepared = False  # what the helper and the background thread do lasts for the process: Triton's cache, the hash
+_prepare_lock = threading.Lock()
 
 
 def start_build_workers() -> bool:
     """Start the worker processes that Triton builds compile in, where builds will use them
-    (``BUILDOPS_EXECUTOR=processes``, or ``auto`` on 8 CPUs or more); returns whether it did (or had). Returns at
-    once.
+    (``BUILDOPS_EXECUTOR=processes``, or ``auto`` on 8 CPUs or more). Returns at once.
 
-    Workers take seconds to be ready: a forkserver imports torch and Triton, then forks them. Without this call
-    they start with the first Triton build and the first builds wait for them. This module imports no torch, so
-    an engine can call this first thing, before its own imports, and the forkserver's imports run beside them.
-    A short-lived process builds Triton's CUDA helper module into Triton's cache meanwhile (the driver's first
-    use would build it, in the engine's thread), and once the engine has imported torch and Triton, a background
-    thread hashes Triton's install (the first build needs it), with the GIL's short switch interval held
-    (``BUILDOPS_SWITCH_INTERVAL_US``). None of it touches a GPU. Without Triton it does nothing. The workers run
-    below this process's CPU priority (``BUILDOPS_WORKER_NICE``; a bad value raises here).
+    Workers take seconds to be ready (a forkserver imports torch and Triton, then forks them); without this call
+    the first Triton build starts them and waits. This module imports no torch, so an engine can call it first
+    thing and the forkserver's imports run beside its own (docs/decisions/0002-forkserver-preload.md). It also
+    builds Triton's CUDA helper module in a short-lived process, and hashes Triton's install on a background thread
+    once the engine has imported torch and Triton. Nothing here touches a GPU. The workers run below this process's
+    CPU priority (``BUILDOPS_WORKER_NICE``).
 
-    Call it under ``if __name__ == "__main__":`` (workers import the main module as they start), and after
-    setting ``TRITON_CACHE_DIR`` if the engine sets it: the helper's process takes the cache from the environment
-    as it is now (where Triton's cache is elsewhere once the engine has imported it, the background thread
-    builds the helper module there itself). Calling it again starts the workers if they were shut down since;
-    the helper and the background thread run once per process.
+    Call it under ``if __name__ == "__main__":`` (workers import the main module as they start), after setting
+    ``TRITON_CACHE_DIR`` if the engine sets it (the helper's process reads it now; if the engine moves the cache
+    later, the background thread builds the module there). Calling it again starts workers shut down since; the
+    helper and the hash run once per process.
+
+    Returns:
+        Whether the workers run now or are starting: False without Triton, or where Triton builds use threads.
+
+    Raises:
+        ConfigError: ``BUILDOPS_WORKER_NICE`` has a bad value.
     """
     global _prepared
     if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
         return False
-    settings.worker_nice  # noqa: B018 - a bad value raises here, at the engine's call, not on the starting thread
+    settings.validate("worker_nice")  # a bad value raises here, at the engine's call, not on the starting thread
     from .backends.triton.pool import workers
 
     workers.start()  # nothing if they run: buildops.shutdown() stops them, and then this starts them again
@@ -88,20 +99,12 @@ def start_build_workers() -> bool:
     return True
 
 
-_prepared = False  # what the helper and the background thread do lasts for the process: Triton's cache, the hash
-_prepare_lock = threading.Lock()
-
-
 @forget_in_child
 def _forget_the_preparation() -> None:
     # A forked child has not the parent's preparation thread; its hash and cache are the parent's, but a child
     # that starts workers of its own prepares again (cheaply: both are done) rather than guess.
     global _prepared, _prepare_lock
     _prepared, _prepare_lock = False, threading.Lock()
-
-
-# How long the background preparation waits for the engine to import torch and Triton before it gives up.
-PREPARE_WAIT_SECONDS = 600.0
 
 
 def _prepare_builds(utils: subprocess.Popen | None) -> None:
@@ -113,9 +116,9 @@ def _prepare_builds(utils: subprocess.Popen | None) -> None:
             if utils is not None:
                 _stop(utils)
             return
-        time.sleep(0.05)
-    # Hashing Triton's install is Python and holds the GIL while the engine makes its model: its CUDA calls, each
-    # of which hands the GIL back, would wait up to 5 ms apiece for it.
+        time.sleep(PREPARE_POLL_SECONDS)
+    # Hashing Triton's install is Python and holds the GIL while the engine makes its model: the short switch
+    # interval keeps the engine's GIL-releasing calls from waiting on it (docs/decisions/0004-gil-switch-interval.md).
     try:
         with gil.holding():
             from .backends.triton.build import hash_triton_install
@@ -134,9 +137,6 @@ def _prepare_builds(utils: subprocess.Popen | None) -> None:
         logger.debug("buildops: building Triton's CUDA utilities in the background failed", exc_info=True)
 
 
-# How long a build of Triton's CUDA helper module may take before it is stopped (its driver then builds it).
-UTILS_WAIT_SECONDS = 60.0
-
 # The helper's process sees this process's import path (the same Triton, the same buildops), whatever
 # PYTHONPATH says; it reads it from stdin (a command line has a length limit), and prints the cache it built into.
 _UTILS_SCRIPT = """\
@@ -148,22 +148,24 @@ raise SystemExit(_build_triton_utils(report=True))
 
 
 def _start_building_triton_utils() -> subprocess.Popen | None:
-    """Build Triton's CUDA helper module (``cuda_utils``, C, built by the host compiler on a cold Triton cache)
-    into Triton's cache, in a process of its own begun now. Triton builds it when its driver is first used, on
-    the engine's main thread: 0.3-0.5 s of the tiny LLM's model creation on the H200 host, where its family
-    lists before the model is allocated. This process needs only Triton (0.3 s to import), so it is done long
-    before the engine has imported torch; a thread here would have to wait for those imports. It never
-    initialises CUDA. It has a session of its own, so that stopping it stops the host compiler it runs too; it
-    is stopped at exit if it still runs then."""
+    """Start building Triton's CUDA helper module (``cuda_utils``: C, built by the host compiler on a cold Triton
+    cache) into Triton's cache, in a process of its own; None if it could not start. Triton would build it at its
+    driver's first use, on the engine's main thread (docs/decisions/0002-forkserver-preload.md).
+
+    The process imports only Triton, so it is done long before the engine has imported torch, which a thread here
+    would have to wait for; it never initialises CUDA. It has a session of its own, so that stopping it stops the
+    host compiler too, and it is stopped at exit if it still runs."""
     try:
         utils = subprocess.Popen([sys.executable, "-c", _UTILS_SCRIPT], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
         logger.debug("buildops: could not start building Triton's CUDA utilities ahead of use", exc_info=True)
         return None
+    stdin = utils.stdin
+    assert stdin is not None  # stdin=PIPE
     try:
-        utils.stdin.write(json.dumps([p for p in sys.path if isinstance(p, str)]).encode())
-        utils.stdin.close()
+        stdin.write(json.dumps([p for p in sys.path if isinstance(p, str)]).encode())
+        stdin.close()
     except OSError:  # it died already: _helper_cache_dir sees its exit status
         pass
     atexit.register(_stop, utils)
@@ -178,8 +180,10 @@ def _helper_cache_dir(utils: subprocess.Popen) -> str | None:
     except subprocess.TimeoutExpired:
         _stop(utils)
         return None
-    out = utils.stdout.read().decode(errors="replace").strip()
-    utils.stdout.close()
+    stdout = utils.stdout
+    assert stdout is not None  # stdout=PIPE
+    out = stdout.read().decode(errors="replace").strip()
+    stdout.close()
     if returncode != 0 or not out:
         return None
     return out
@@ -205,7 +209,7 @@ def _build_triton_utils(report: bool = False) -> int:
         from triton.backends.nvidia.driver import CudaUtils
 
         CudaUtils()
-    except Exception:  # no CUDA here, or another Triton: the driver builds it when first used
+    except Exception:  # noqa: BLE001 - no CUDA here, or another Triton: the driver builds it when first used
         return 1
     if report:
         print(knobs.cache.dir, flush=True)
@@ -220,7 +224,12 @@ def _imported(name: str) -> bool:
 
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
-    """Time a startup step; logs its duration and keeps it for :func:`phases` (even if the step raises)."""
+    """Time a startup step: ``with phase("load"): ...`` logs its duration and keeps it for :func:`phases` (even if
+    the step raises).
+
+    Args:
+        name: the step's name in logs and in :func:`phases`.
+    """
     start = time.perf_counter()
     logger.info("buildops: phase %s ...", name)
     try:
@@ -233,7 +242,11 @@ def phase(name: str) -> Iterator[None]:
 
 
 def phases(clear: bool = False) -> list[tuple[str, float]]:
-    """The phases timed so far, in order, as (name, seconds)."""
+    """The phases timed so far, in order, as (name, seconds).
+
+    Args:
+        clear: forget them after returning them.
+    """
     with _lock:
         recorded = list(_phases)
         if clear:
@@ -245,22 +258,23 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
                        overlap: bool = False, freeze_heap: bool = False) -> T:
     """Run the dummy forwards in a :func:`~buildops.rehearsal` (their builds start), load the checkpoint while the
     builds run, then wait for the GPU builds, so that what follows (CUDA graph capture, serving) never overlaps
-    them, and collect the rehearsal's garbage. Returns what ``load`` returns (and raises what it raises).
-    CPU-only builds may still be running; :func:`buildops.join` waits for those too.
+    them, and collect the rehearsal's garbage. CPU-only builds may still be running; :func:`buildops.join` waits
+    for those too.
 
-    ``overlap=True`` starts the load on a thread at once, so that it also overlaps the rehearsal's own host work
-    (listing is Python, and shares the GIL with the builds). Only for a rehearsal that reads no weight values:
-    every op that reads weights returns its placeholder in the rehearsal, and nothing in between looks at them.
-
-    ``freeze_heap=True`` ends the start with the heap frozen (``gc.freeze()``), as vLLM's engine does once it has
-    started: collections while serving then walk only what serving makes. The heap is frozen as the call begins,
-    so the final collection walks only what the start made rather than every object of torch's and Triton's
-    (0.09 s less in a start on the GPU host, docs/benchmarks.md). The price is the engine's to weigh: nothing
-    frozen is ever collected until ``gc.unfreeze()``, neither garbage left before the call nor what becomes
-    garbage later (a model dropped in a reference cycle keeps its GPU memory). If the call raises, the heap is
-    unfrozen again, whatever froze it: a frozen object is only a collection skipped, so unfreezing one frozen
-    before costs time in collections, never a wrong one, where leaving frozen what the failed start froze could
-    keep its garbage for good.
+    Args:
+        rehearse: runs the dummy forwards.
+        load: loads the checkpoint; what it returns is returned, and what it raises is raised.
+        name: the rehearsal's name, which also begins the names of the phases timed.
+        overlap: start the load on a thread at once, so that it also overlaps the rehearsal's own host work
+            (listing is Python, and shares the GIL with the builds). Only for a rehearsal that reads no weight
+            values: every op that reads weights returns its placeholder in the rehearsal, and nothing in between
+            looks at them.
+        freeze_heap: end the start with the heap frozen (``gc.freeze()``), as vLLM's engine does, so that
+            collections while serving walk only what serving makes. The heap is frozen as the call begins too, so
+            the final collection walks only what the start made. Nothing frozen is collected until
+            ``gc.unfreeze()``, neither garbage left before the call nor what becomes garbage later (a model dropped
+            in a reference cycle keeps its GPU memory): a price for the engine to weigh. If the call raises, the
+            heap is unfrozen, whatever froze it (docs/decisions/0011-freeze-heap-at-end-of-start.md).
     """
     if freeze_heap:
         gc.freeze()
@@ -275,14 +289,9 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
                 # first use, and the capture guard still refuses a CUDA graph capture while it runs
                 logger.warning("%s", stuck)
         with phase(f"{name}: collect garbage"):
-            # The rehearsal's replays leave short-lived objects in reference cycles; collect them now rather than
-            # in the middle of the first request. A full collection, though it walks every object torch and
-            # Triton made (125-160 ms on the CPU machine, benchmarks/rehearsal_garbage.py) unless the heap was
-            # frozen: the young generations alone cost next to nothing, but garbage that outlived two automatic
-            # collections (through the load, the builds' completions) is in the oldest, and a full collection
-            # also resets the count of promoted objects that decides when the next full one runs, in serving.
-            # Collecting under the load instead, right after the rehearsal, made the load longer by about as much
-            # (it holds the GIL that the loader needs between reads).
+            # The rehearsal's replays leave objects in reference cycles: collect them now, not in the first
+            # request. A full collection: garbage that outlived the load's automatic collections is in the oldest
+            # generation (docs/decisions/0011-freeze-heap-at-end-of-start.md).
             gc.collect()
     except BaseException:
         if freeze_heap:

@@ -40,11 +40,16 @@ class Listing:
 
     @property
     def keys(self) -> tuple[Hashable, ...]:
+        """The listed builds' keys, in order."""
         return tuple(b.key for b in self.builds)
 
 
 class ListingRecorder(BuildPass):
-    """A build pass that records listings instead of queueing builds. Ops inside it return their placeholders."""
+    """A build pass that records listings instead of queueing builds. Ops inside it return their placeholders.
+
+    Args:
+        name: the pass's name in logs and errors.
+    """
 
     arms_late_compiles = False  # nothing was built, so nothing compiled afterwards is a gap
     lists_apart = True  # inside a real pass too, it sees every call, and leaves the pass to queue them
@@ -54,10 +59,12 @@ class ListingRecorder(BuildPass):
         self.listings: list[Listing] = []
 
     def take(self, op: str, signature: Hashable, dims: Mapping[str, int], builds: Iterable[Build]) -> list:
+        """Record the builds an op listed for one swept shape; queue nothing, so there are no futures."""
         self.listings.append(Listing(op, signature, dict(dims), tuple(builds)))
         return []
 
     def of(self, op: str) -> list[Listing]:
+        """The listings of ``op``, in order."""
         return [entry for entry in self.listings if entry.op == op]
 
     def ops(self) -> list[str]:
@@ -79,7 +86,11 @@ class ListingRecorder(BuildPass):
 
 
 def record_listings(name: str = "record") -> ListingRecorder:
-    """A pass that records what ops list without building: ``with record_listings() as rec: ...``."""
+    """A pass that records what ops list without building: ``with record_listings() as rec: ...``.
+
+    Args:
+        name: the pass's name in logs and errors.
+    """
     return ListingRecorder(name)
 
 
@@ -88,7 +99,8 @@ def reset(timeout: float = 10.0) -> None:
     late compiles recorded so far and which ops listed which kernels; late-compile detection starts again after
     the next pass.
 
-    A build still running after ``timeout`` seconds is left to its (daemon) thread.
+    Args:
+        timeout: seconds to wait for running builds; one still running then is left to its (daemon) thread.
     """
     builder = current_builder()
     shutdown(wait=True, timeout=timeout)

@@ -11,6 +11,7 @@ knobs.compilation.listener = lambda *, cache_hit, **_: events.append(cache_hit)
 
 import buildops  # noqa: E402
 from buildops.backends.triton import target, triton_builds  # noqa: E402
+
 from triton_kernels import MATMUL_VARIANTS, matmul_kernel  # noqa: E402
 
 target()

@@ -67,7 +67,7 @@ def test_the_serial_worker_runs_first_the_serial_builds_whose_after_builds_are_d
 
 
 def test_a_serial_build_runs_anyway_once_it_waited_too_long(runs, monkeypatch):
-    monkeypatch.setattr(buildops._core.builder, "AFTER_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(buildops._core.serial, "AFTER_WAIT_SECONDS", 0.3)
     builder = Builder(threads=1)
     gate = threading.Event()
     try:
@@ -381,9 +381,9 @@ def test_no_build_timeout_with_zero(runs):
 def test_a_given_up_build_is_abandoned_so_a_worker_process_stuck_in_it_stops(caplog):
     import logging
 
-    import pool_tasks
-
     from buildops._runtime.pools import WorkerPool
+
+    import pool_tasks
 
     pool = WorkerPool("test", lambda: 1)
 

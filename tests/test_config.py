@@ -83,7 +83,7 @@ def test_scope_overrides_and_restores(monkeypatch):
         with settings.scope(thread=2):
             pass
     with pytest.raises(AttributeError, match="buildops has no setting 'thread'"):
-        settings.thread
+        settings.thread  # noqa: B018 - the read is the test
 
 
 def test_scopes_that_overlap_in_two_threads_restore_only_their_own_settings(monkeypatch):
@@ -171,7 +171,8 @@ def test_markdown_table_has_a_row_per_setting_from_its_declaration(monkeypatch):
         assert cells[0] == cells[-1] == "" and len(cells) == 6, line
         rows[cells[1].strip("`")] = cells[2:5]
     assert list(rows) == VARIABLES
-    assert rows["BUILDOPS_THREADS"][:2] == ["a whole number >= 1", "CPU share less a quarter (at most 4 kept), at most 32"]
+    assert rows["BUILDOPS_THREADS"][:2] == ["a whole number >= 1",
+                                            "CPU share less a quarter (at most 4 kept), at most 32"]
     assert rows["BUILDOPS_NODE_LOCKS"][1] == "`<tmp>/buildops-node-locks-<uid>`"
     assert rows["BUILDOPS_EXECUTOR"][:2] == ["one of auto, threads, processes", "`auto`"]
     assert rows["BUILDOPS"][1] == "`1`" and rows["BUILDOPS_TRITON_TARGET"][1] == "`cuda:90`"

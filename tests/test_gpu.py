@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import buildops
-from buildops import (BuildConfig, DynamicSpec, build_pass, builds_by_running, late_compiles, rehearsal, report,
-                      settings)
+from buildops import BuildConfig, DynamicSpec, build_pass, builds_by_running, late_compiles, rehearsal, report, settings
 
 from conftest import WAIT
 
@@ -124,9 +123,8 @@ def test_graph_capture_waits_for_gpu_builds():
 
 def test_autotuning_runs_in_the_build_so_the_first_call_benchmarks_nothing(monkeypatch):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    from triton.runtime.autotuner import Autotuner
-
     from demo_ops import _matmul_kernel, matmul
+    from triton.runtime.autotuner import Autotuner
 
     _matmul_kernel.cache.clear()
     x = torch.randn(200, 256, device="cuda", dtype=torch.float16)

@@ -37,9 +37,47 @@ def test_import_starts_no_thread_and_reads_no_environment():
 
 
 def test_every_public_name_resolves():
-    assert buildops.__all__ == sorted(buildops.__all__)
-    for name in buildops.__all__:
-        assert getattr(buildops, name) is not None, name
+    import buildops.backends.deep_gemm
+    import buildops.backends.flashinfer
+    import buildops.backends.triton
+    import buildops.backends.variants
+    import buildops.capture
+    import buildops.reporting
+    import buildops.startup
+    import buildops.testing
+
+    modules = (buildops, buildops.testing, buildops.startup, buildops.capture, buildops.reporting,
+               buildops.backends.triton, buildops.backends.flashinfer, buildops.backends.deep_gemm,
+               buildops.backends.variants)
+    for module in modules:
+        assert module.__all__ == sorted(module.__all__), module.__name__
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"{module.__name__}.{name}"
+
+
+def test_no_public_name_hides_a_module():
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.walk_packages(buildops.__path__, "buildops."):
+        parent, _, leaf = info.name.rpartition(".")
+        value = getattr(importlib.import_module(parent), leaf, None)
+        if value is not None:
+            assert isinstance(value, type(buildops)), f"{info.name} is hidden by {value!r}"
+
+
+def test_the_version_is_the_distributions():
+    from importlib.metadata import version
+
+    assert buildops.__version__ == version("buildops")
+
+
+def test_the_types_public_functions_return_are_exported():
+    import typing
+
     import buildops.testing as testing
-    for name in testing.__all__:
-        assert getattr(testing, name) is not None, name
+
+    assert typing.get_type_hints(buildops.report)["return"] is buildops.Report
+    assert buildops.Report.__dataclass_fields__["ops"].type == "tuple[OpReport, ...]" and buildops.OpReport
+    assert typing.get_type_hints(buildops.build_pass)["return"] is buildops.BuildPass
+    assert typing.get_type_hints(testing.record_listings)["return"] is testing.ListingRecorder

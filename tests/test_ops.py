@@ -7,8 +7,19 @@ import torch
 from torch import nn
 
 import buildops
-from buildops import Build, BuildConfig, DynamicSpec, SpecError, TensorSpec, build_pass, builds_by_running, \
-    lists_kernels, rehearsal, report, settings
+from buildops import (
+    Build,
+    BuildConfig,
+    DynamicSpec,
+    SpecError,
+    TensorSpec,
+    build_pass,
+    builds_by_running,
+    lists_kernels,
+    rehearsal,
+    report,
+    settings,
+)
 from buildops._core.default import current_builder
 from buildops.testing import record_listings
 
@@ -307,7 +318,7 @@ def test_sixteen_threads_calling_ops_while_builds_run(runs):
                 else:
                     expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
                     assert torch.allclose(rmsnorm(x, w), expected)
-        except BaseException as exc:  # reported below
+        except BaseException as exc:  # noqa: BLE001 - reported below, with the thread's failure
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]

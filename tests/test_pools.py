@@ -94,6 +94,7 @@ def test_shutdown_with_a_timeout_does_not_wait_for_a_worker_still_building():
     import time
 
     import buildops
+
     import pool_tasks
 
     pool = WorkerPool("test", lambda: 1)

@@ -10,8 +10,15 @@ import pytest
 import torch
 
 import buildops
-from buildops import (BuildConfig, BuildState, DynamicSpec, GraphCaptureDuringBuild, lists_kernels,
-                      prepare_graph_capture, settings)
+from buildops import (
+    BuildConfig,
+    BuildState,
+    DynamicSpec,
+    GraphCaptureDuringBuild,
+    lists_kernels,
+    prepare_graph_capture,
+    settings,
+)
 from buildops._core.default import current_builder, default_builder
 from buildops.startup import phase, phases, rehearse_then_load, start_build_workers
 

@@ -17,11 +17,11 @@ from buildops.testing import record_listings
 pytest.importorskip("triton")
 pytest.importorskip("safetensors")
 
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file
 
-from examples.tiny_llm.checkpoint import load_checkpoint, make_checkpoint  # noqa: E402
-from examples.tiny_llm.family import TinyLlmGemms  # noqa: E402
-from examples.tiny_llm.model import SIZES, TinyLlm  # noqa: E402
+from examples.tiny_llm.checkpoint import load_checkpoint, make_checkpoint
+from examples.tiny_llm.family import TinyLlmGemms
+from examples.tiny_llm.model import SIZES, TinyLlm
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = SIZES["small"]

@@ -16,7 +16,8 @@ generator = torch.Generator().manual_seed(0)
 with torch.no_grad():
     for name, param in model.named_parameters():
         std = 1.0 if name == "embed" else param.shape[0] ** -0.5
-        param.copy_(torch.ones(param.shape) if param.dim() == 1 else torch.randn(param.shape, generator=generator) * std)
+        values = torch.ones(param.shape) if param.dim() == 1 else torch.randn(param.shape, generator=generator) * std
+        param.copy_(values)
 prompt = torch.randint(config.vocab, (23,), generator=generator, dtype=torch.int32)
 expected = reference_logits(model, prompt)
 error = ((model(prompt, 0) - expected).abs().max() / expected.abs().max()).item()

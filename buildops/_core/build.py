@@ -1,10 +1,13 @@
-"""What a build is: the job (:class:`Build`), its states, and what the builder records of it."""
+"""What a build is: the job (:class:`Build`), its states, and what the builder records of it (:class:`Record`, and
+the copies reports get)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
+import threading
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Build", "BuildRecord", "BuildState", "BuildTimeoutError", "OpStats"]
@@ -93,3 +96,25 @@ class BuildRecord:
     started: float | None
     error: BaseException | None
 
+
+@dataclass(eq=False)
+class Record:
+    """A build as the builder keeps it, changed under the builder's lock; :class:`BuildRecord` is the copy reports
+    get."""
+
+    build: Build
+    future: concurrent.futures.Future[Any]
+    owners: set[object] = field(default_factory=set)  # passes that still want it; None: submitted outside a pass
+    ops: set[str] = field(default_factory=set)  # every op that listed it (join(op=...) waits for shared builds too)
+    state: BuildState = BuildState.QUEUED
+    seconds: float = 0.0
+    started: float | None = None
+    error: BaseException | None = None
+    settled: bool = False  # finished or cancelled: no longer counted in flight
+    queued: float = 0.0  # time.monotonic() when it last joined a queue (serial builds)
+    timeout: float = 0.0  # BUILDOPS_BUILD_TIMEOUT when it was submitted (0: none)
+    deadline: float | None = None  # time.monotonic() at which it is given up, while it runs with a timeout
+    thread: threading.Thread | None = None  # the worker running it
+    given_up: bool = False  # timed out: its run's outcome, whenever it comes, is dropped
+    claim: Any = None  # its claim on the key across the node, while it is built here
+    refused_since: float | None = None  # time.monotonic() when another process of the node first held its key

@@ -4,25 +4,20 @@ Concurrency model:
   * One lock guards the builder's tables (records by key, per-op statistics). Nothing is built while it is held.
   * ``submit`` dedups by build key: a key queued, building or built returns the future it already has; a key
     whose build was cancelled may be submitted again.
-  * Workers take records off a FIFO queue. Builds marked ``serial`` (autotuning, which times kernels on the GPU)
-    go to a list of their own with one worker, so they run one at a time beside the compiles and without holding
-    the compile workers. That worker runs the first serial build, in submission order, whose ``after`` builds
-    (normal builds: the compiles a tune times) are done, so it never idles on one build's compiles while another
-    could run; one that waited ``AFTER_WAIT_SECONDS`` runs regardless. A serial build may wait for normal
-    builds, never the reverse.
+  * Workers take records off a FIFO queue; builds marked ``serial`` go to a :class:`~.serial.SerialQueue` with a
+    worker of its own.
+  * A shared build is claimed across the node first (:mod:`.claims`); one another process holds goes to the back
+    of the queue.
   * A record whose future was cancelled before a worker reached it is skipped
     (``Future.set_running_or_notify_cancel``), so a cancelled build never runs.
   * A build that raises is marked failed, logged once with its traceback and counted; its future holds the
     exception, which buildops never re-raises into an op's call: the op compiles on first use instead.
-  * A build that runs longer than ``BUILDOPS_BUILD_TIMEOUT`` is given up: a watchdog thread marks it failed
-    (:class:`BuildTimeoutError` on its future), so the op's calls and joins stop waiting for it, and starts a
-    worker in place of the one still inside it. A thread cannot be stopped: when the run returns, its outcome
-    is dropped (a compile that did finish is in the library's cache, where the op's first use finds it) and the
-    thread ends.
-  * While it has builds queued or running, the builder holds the GIL's short switch interval (``_runtime.gil``): its
-    threads run Python beside an engine's threads that hand the GIL back at every CUDA call or file read.
+  * A build that runs longer than ``BUILDOPS_BUILD_TIMEOUT`` is given up (:mod:`.watchdog`), and a worker starts
+    in place of the one still inside it.
+  * While it has builds queued or running, the builder holds the GIL's short switch interval
+    (:mod:`buildops._runtime.gil`).
   * After ``os.fork`` the child forgets the parent's builder (its threads do not exist there, its locks may be
-    held) and creates a fresh one when first needed.
+    held) and creates a fresh one when first needed (:mod:`.default`).
 """
 
 from __future__ import annotations
@@ -33,45 +28,31 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 from .._config import settings
 from .._runtime import gil
 from .._runtime.node import node_claims
 from . import extensions
-from .build import Build, BuildRecord, BuildState, BuildTimeoutError, OpStats
-from .progress import progress_bar
-from .watchdog import Watchdog, stuck, stuck_gpu_builds
+from .build import Build, BuildRecord, BuildState, BuildTimeoutError, OpStats, Record
+from .claims import claim, release
+from .serial import SerialQueue
+from .waiting import wait_until_done
+from .watchdog import Watchdog, abandon, stuck, stuck_gpu_builds
 
 __all__ = ["Builder", "on_builder_thread"]
 
 logger = logging.getLogger("buildops")
 
-# A serial build whose ``after`` builds are not all done runs anyway once it has waited this long (a compile that
-# another process of the node holds a claim on can take long); its run then copes with what is missing.
-AFTER_WAIT_SECONDS = 120.0
+# How long shutdown() waits on one worker at a time before it looks again at which are stuck.
+JOIN_STEP_SECONDS = 0.1
 
 
+class _WaitingOp(Protocol):
+    """An op whose calls may wait on this builder's builds (``ops._Op``)."""
 
-@dataclass(eq=False)
-class _Record:
-    build: Build
-    future: concurrent.futures.Future
-    owners: set = field(default_factory=set)  # passes that still want it; None: submitted outside a pass
-    ops: set = field(default_factory=set)  # every op that listed it (join(op=...) waits for shared builds too)
-    state: BuildState = BuildState.QUEUED
-    seconds: float = 0.0
-    started: float | None = None
-    error: BaseException | None = None
-    settled: bool = False  # finished or cancelled: no longer counted in flight
-    queued: float = 0.0  # time.monotonic() when it last joined a queue (serial builds)
-    timeout: float = 0.0  # BUILDOPS_BUILD_TIMEOUT when it was submitted (0: none)
-    deadline: float | None = None  # time.monotonic() at which it is given up, while it runs with a timeout
-    thread: threading.Thread | None = None  # the worker running it
-    given_up: bool = False  # timed out: its run's outcome, whenever it comes, is dropped
-    claim: Any = None  # its claim on the key across the node, while it is built here
-    refused_since: float | None = None  # time.monotonic() when another process of the node first held its key
+    def forget_pending(self) -> None: ...
 
 
 class Builder:
@@ -80,12 +61,13 @@ class Builder:
     def __init__(self, threads: int | None = None) -> None:
         self.threads = threads if threads is not None else settings.threads
         self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[_Record | None] = queue.SimpleQueue()
-        self._serial_pending: list[_Record] = []  # queued serial builds, in submission order (under the lock)
+        self._queue: queue.SimpleQueue[Record | None] = queue.SimpleQueue()
         self._serial_changed = threading.Condition(self._lock)  # a serial build queued, a build done, or closing
+        self._serial: SerialQueue[Record] = SerialQueue(self._serial_changed, self._done_locked,
+                                                          lambda: self._closed)
         self._serial_worker: threading.Thread | None = None
-        self._records: dict[Hashable, _Record] = {}
-        self._history: list[_Record] = []  # every record ever made, cancelled ones included, for reports
+        self._records: dict[Hashable, Record] = {}
+        self._history: list[Record] = []  # every record ever made, cancelled ones included, for reports
         self._stats: dict[str, OpStats] = {}
         self._workers: list[threading.Thread] = []
         self._busy = 0
@@ -94,25 +76,25 @@ class Builder:
         self._claims = node_claims()
         self._started_workers = 0  # for worker names: one that replaced a stuck one gets a new name
         self._watch_changed = threading.Condition(self._lock)  # a deadline set, a run ended, or closing
-        self._watchdog: Watchdog[_Record] = Watchdog(self._watch_changed, self._give_up_locked, self._after_give_up,
+        self._watchdog: Watchdog[Record] = Watchdog(self._watch_changed, self._give_up_locked, self._after_give_up,
                                                      lambda: self._closed)
-        self.waiting_ops: set = set()  # ops with calls that may wait on builds; forgotten after a fork
+        self.waiting_ops: set[_WaitingOp] = set()  # ops with calls that may wait on builds; forgotten after a fork
 
     # -- submitting -------------------------------------------------------------------------------------------
 
-    def submit(self, build: Build, owner: object = None) -> concurrent.futures.Future:
+    def submit(self, build: Build, owner: object = None) -> concurrent.futures.Future[Any]:
         """Queue ``build`` unless its key is already queued, building or built; return the key's future."""
         timeout = settings.build_timeout  # here: a bad value raises to the caller, with nothing queued
         with self._lock:
             if self._closed:
                 raise RuntimeError("buildops: this builder was shut down; submit to the current one "
-                                   "(buildops._builder.default_builder())")
+                                   "(buildops._core.default.default_builder())")
             stats = self._stats.setdefault(build.op, OpStats())
             stats.listed += 1
             record = self._records.get(build.key)
             if record is not None and record.state is BuildState.QUEUED and record.future.cancelled():
-                # Its owner cancelled it through the future and no worker has skipped it yet: it never runs, so
-                # the key is queued again (the worker that reaches the old record leaves the new one alone).
+                # Cancelled by its owner through the future, not yet skipped by a worker: it never runs, so the key
+                # is queued again (the worker that reaches the old record leaves the new one alone).
                 del self._records[build.key]
                 record = None
             if record is not None:
@@ -133,17 +115,17 @@ class Builder:
             except BaseException:  # nothing was queued: no longer in flight
                 self._count_out_locked()
                 raise
-            record = _Record(build, concurrent.futures.Future(), {owner}, {build.op}, timeout=timeout)
+            record = Record(build, concurrent.futures.Future(), {owner}, {build.op}, timeout=timeout)
             self._records[build.key] = record
             self._history.append(record)
             if build.serial:
-                self._queue_serial_locked(record)
+                self._serial.put_locked(record)
                 return record.future
         self._queue.put(record)
         return record.future
 
     def _start_serial_worker_locked(self) -> None:
-        worker = threading.Thread(target=self._work, args=(self._next_serial, self._requeue_serial),
+        worker = threading.Thread(target=self._work, args=(self._serial.take, self._serial.put),
                                   name="buildops-serial", daemon=True)
         worker.start()
         self._serial_worker = worker
@@ -156,24 +138,16 @@ class Builder:
         self._workers.append(thread)
         thread.start()
 
-    def _work(self, take: Callable[[], _Record | None], put_back: Callable[[_Record], None]) -> None:
+    def _work(self, take: Callable[[], Record | None], put_back: Callable[[Record], None]) -> None:
         _thread_role.builder = True
         while True:
             record = take()
             if record is None:
                 return
-            if self._claims is not None and record.build.shared and not record.future.cancelled():
-                try:
-                    record.claim = self._claims.try_claim(record.build.key, wait=0.05)
-                except Exception:  # noqa: BLE001 - a claim is an optimisation: build it here, unshared
-                    logger.warning("buildops: claiming build %s of op %s across the node failed; building it here",
-                                   record.build.describe(), record.build.op, exc_info=True)
-                else:
-                    # Another process of this node is building it: build something else first, unless it has held
-                    # the key past the timeout (stuck, as this process's watchdog would have given it up).
-                    if record.claim is None and not self._held_too_long(record):
-                        put_back(record)
-                        continue
+            if (self._claims is not None and record.build.shared and not record.future.cancelled()
+                    and not claim(self._claims, record)):
+                put_back(record)  # another process of the node builds it: something else first
+                continue
             try:
                 self._run(record)
             finally:
@@ -181,60 +155,11 @@ class Builder:
             if record.given_up:  # another worker took this one's place while it was stuck in the build
                 return
 
-    @staticmethod
-    def _held_too_long(record: _Record) -> bool:
-        now = time.monotonic()
-        if record.refused_since is None:
-            record.refused_since = now
-        if record.timeout <= 0 or now - record.refused_since <= record.timeout:
-            return False
-        logger.warning("buildops: another process of this node has held build %s of op %s for over %.0f s "
-                       "(BUILDOPS_BUILD_TIMEOUT); building it here", record.build.describe(), record.build.op,
-                       record.timeout)
-        return True
-
-    def _release_claim(self, record: _Record) -> None:
+    def _release_claim(self, record: Record) -> None:
         """Release the record's node claim once, whichever of its worker and the watchdog comes first."""
         with self._lock:
             claim, record.claim = record.claim, None
-        if claim is not None:
-            try:
-                claim.release()
-            except Exception:  # noqa: BLE001 - the lock file's descriptor closes with the process anyway
-                logger.debug("buildops: releasing the claim on %s failed", record.build.describe(), exc_info=True)
-
-    def _queue_serial_locked(self, record: _Record) -> None:
-        record.queued = time.monotonic()
-        self._serial_pending.append(record)
-        self._serial_changed.notify_all()
-
-    def _requeue_serial(self, record: _Record) -> None:
-        with self._lock:
-            self._queue_serial_locked(record)
-
-    def _next_serial(self) -> _Record | None:
-        """The serial build to run next (see the module docstring), or None once the builder is shut down."""
-        with self._serial_changed:
-            while True:
-                if self._closed and not self._serial_pending:
-                    return None
-                for record in self._serial_pending:
-                    if record.future.cancelled() or all(self._done_locked(key) for key in record.build.after):
-                        break
-                else:
-                    if not self._serial_pending:
-                        self._serial_changed.wait()  # until a serial build is queued, or the builder closes
-                        continue
-                    oldest = self._serial_pending[0]
-                    patience = AFTER_WAIT_SECONDS - (time.monotonic() - oldest.queued)
-                    if patience > 0:
-                        # Woken as builds finish; the timeout only bounds a wake-up missed by other means (an
-                        # owner cancelling a future itself notifies no one).
-                        self._serial_changed.wait(timeout=min(patience, 1.0))
-                        continue
-                    record = oldest
-                self._serial_pending.remove(record)
-                return record
+        release(claim, record.build)
 
     def _done_locked(self, key: Hashable) -> bool:
         # ``settled``, not ``future.done()``: a build is settled, and the serial worker woken, just before its
@@ -242,14 +167,11 @@ class Builder:
         record = self._records.get(key)
         return record is None or record.settled or record.future.cancelled()
 
-    def _run(self, record: _Record) -> None:
+    def _run(self, record: Record) -> None:
         if not record.future.set_running_or_notify_cancel():
             with self._lock:  # cancelled while queued: by cancel or shutdown, or by its owner through the future
                 if record.state is not BuildState.CANCELLED:  # its owner: cancel and shutdown did this already
-                    record.state = BuildState.CANCELLED
-                    self._stats.setdefault(record.build.op, OpStats()).cancelled += 1
-                    if self._records.get(record.build.key) is record:
-                        del self._records[record.build.key]  # the key may be queued again
+                    self._cancelled_locked(record)
                 self._settle(record)
                 self._serial_changed.notify_all()
             return
@@ -264,14 +186,14 @@ class Builder:
                 self._watchdog.watch_locked(record)
         try:
             result = record.build.run()
-        except BaseException as exc:  # a build's failure is the op's to handle by compiling on first use
+        except BaseException as exc:  # noqa: BLE001 - a failed build's op compiles on first use; _finish logs it
             if self._finish(record, time.perf_counter() - start, exc):
                 record.future.set_exception(exc)
         else:
             if self._finish(record, time.perf_counter() - start, None):
                 record.future.set_result(result)
 
-    def _finish(self, record: _Record, seconds: float, error: BaseException | None) -> bool:
+    def _finish(self, record: Record, seconds: float, error: BaseException | None) -> bool:
         """Count the run's outcome; False if the build was given up meanwhile (its future has its outcome)."""
         with self._lock:
             self._busy -= 1
@@ -298,7 +220,7 @@ class Builder:
                            record.build.describe(), record.build.op, seconds, exc_info=error)
         return True
 
-    def _settle(self, record: _Record) -> None:
+    def _settle(self, record: Record) -> None:
         """Count ``record`` out of the builds in flight, once (under the lock)."""
         if record.settled:
             return
@@ -310,9 +232,16 @@ class Builder:
         if self._in_flight == 0:
             gil.release()
 
+    def _cancelled_locked(self, record: Record) -> None:
+        """Count a record cancelled before it ran, and forget its key, which may be queued again."""
+        record.state = BuildState.CANCELLED
+        self._stats.setdefault(record.build.op, OpStats()).cancelled += 1
+        if self._records.get(record.build.key) is record:
+            del self._records[record.build.key]
+
     # -- giving up on builds that run too long (the watchdog calls these) ----------------------------------
 
-    def _give_up_locked(self, record: _Record) -> BuildTimeoutError:
+    def _give_up_locked(self, record: Record) -> BuildTimeoutError:
         """Mark a build that ran past its deadline failed; :meth:`_after_give_up` sets its future."""
         seconds = time.perf_counter() - (record.started or 0.0)
         error = BuildTimeoutError(f"buildops: build {record.build.describe()} of op {record.build.op} ran "
@@ -325,12 +254,11 @@ class Builder:
         stats = self._stats.setdefault(record.build.op, OpStats())
         stats.build_seconds += seconds
         stats.failed += 1
-        # A worker in place of the stuck one, so that the queue keeps its workers; the stuck one ends once its
-        # run returns, if ever.
+        # A worker in place of the stuck one, which ends once its run returns, if ever.
         if record.build.serial:
             if self._serial_worker is record.thread:
                 self._serial_worker = None
-                if self._serial_pending:
+                if self._serial.pending:
                     self._start_serial_worker_locked()
         elif record.thread in self._workers:
             self._workers.remove(record.thread)
@@ -341,83 +269,52 @@ class Builder:
                     logger.exception("buildops: starting a worker in place of a stuck one failed")
         return error
 
-    def _after_give_up(self, record: _Record, error: BaseException) -> None:
+    def _after_give_up(self, record: Record, error: BaseException) -> None:
         logger.warning("%s; its op will compile it on first use", error)
         record.future.set_exception(error)
         self._release_claim(record)  # other processes of the node build the key now
-        abandon = getattr(record.build.run, "abandon", None)
-        if abandon is not None:  # on a thread of its own: it may block, and the watchdog must not
-            threading.Thread(target=_abandon, args=(record.build, abandon), name="buildops-abandon",
-                             daemon=True).start()
+        abandon(record.build)
 
     # -- cancelling -------------------------------------------------------------------------------------------
 
-    def cancel(self, futures: Iterable[concurrent.futures.Future], releases: Callable[[object], bool]) -> int:
+    def cancel(self, futures: Iterable[concurrent.futures.Future[Any]], releases: Callable[[object], bool]) -> int:
         """Drop the owners for which ``releases(owner)`` is true from these builds; cancel the builds that no
         owner still wants and no worker has started. Returns how many were cancelled; a running build finishes.
         """
         wanted = set(futures)
         cancelled = 0
         with self._lock:
-            for key, record in list(self._records.items()):
+            for record in list(self._records.values()):
                 if record.future not in wanted:
                     continue
                 record.owners = {o for o in record.owners if not releases(o)}
                 if not record.owners and record.future.cancel():
                     self._settle(record)
-                    record.state = BuildState.CANCELLED
-                    self._stats.setdefault(record.build.op, OpStats()).cancelled += 1
-                    del self._records[key]  # a later pass may queue the key again
+                    self._cancelled_locked(record)
                     cancelled += 1
             self._serial_changed.notify_all()  # a cancelled build counts as done for serial builds after it
         return cancelled
 
     # -- waiting ----------------------------------------------------------------------------------------------
 
-    def wait(self, select: Callable[[_Record], bool], timeout: float | None = None, what: str = "builds") -> bool:
-        """Wait until no selected record is queued or building; show progress after ``progress_after`` seconds.
-
-        Records submitted while waiting are waited for too. Returns False if ``timeout`` passed first.
-        """
-        start = time.monotonic()
-        progress_after = settings.progress_after
-        bar = None
-        seen: set[_Record] = set()
-        try:
-            while True:
-                with self._lock:
-                    selected = [r for r in self._records.values() if select(r)]
-                pending = [r.future for r in selected if not r.future.done()]
-                seen.update(selected)
-                if bar is not None:
-                    bar.total = len(seen)
-                    bar.n = len(seen) - len(pending)
-                    bar.refresh()
-                if not pending:
-                    return True
-                elapsed = time.monotonic() - start
-                if timeout is not None and elapsed >= timeout:
-                    return False
-                if bar is None and elapsed >= progress_after:
-                    bar = progress_bar(what, len(seen), len(seen) - len(pending))
-                step = 0.2 if bar is not None else max(progress_after - elapsed, 0.01)
-                if timeout is not None:
-                    step = min(step, timeout - elapsed)
-                concurrent.futures.wait(pending, timeout=step, return_when=concurrent.futures.FIRST_COMPLETED)
-        finally:
-            if bar is not None:
-                bar.close()
+    def wait(self, select: Callable[[Record], bool], timeout: float | None = None, what: str = "builds") -> bool:
+        """Wait until no selected record is queued or building, records submitted meanwhile included; progress
+        shows after ``BUILDOPS_PROGRESS_AFTER`` seconds. Returns False if ``timeout`` passed first."""
+        def selected() -> list[concurrent.futures.Future[Any]]:
+            with self._lock:
+                return [r.future for r in self._records.values() if select(r)]
+        return wait_until_done(selected, timeout, what)
 
     def join(self, timeout: float | None = None, gpu_only: bool = False, op: str | None = None) -> bool:
         """Wait for all builds, only those that use the GPU, or only one op's (by name or name prefix)."""
-        def select(record: _Record) -> bool:
+        def select(record: Record) -> bool:
             if gpu_only and not record.build.uses_gpu:
                 return False
             return op is None or any(listed.startswith(op) for listed in record.ops)
         what = "GPU builds" if gpu_only else f"builds of {op}" if op else "builds"
         return self.wait(select, timeout, what)
 
-    def wait_for(self, futures: Iterable[concurrent.futures.Future], op: str,
+    def wait_for(self, futures: Iterable[concurrent.futures.Future[Any]], op: str,
                  timeout: float | None = None) -> bool:
         """Wait for these futures (an op's call waiting on its builds); the time counts as ``op``'s wait."""
         wanted = set(futures)
@@ -436,7 +333,7 @@ class Builder:
             record = self._records.get(key)
             return record.state if record is not None else None
 
-    def future(self, key: Hashable) -> concurrent.futures.Future | None:
+    def future(self, key: Hashable) -> concurrent.futures.Future[Any] | None:
         """The future of the build with this key, or None if it was never submitted (or was cancelled)."""
         with self._lock:
             record = self._records.get(key)
@@ -495,12 +392,10 @@ class Builder:
         (or ``timeout`` seconds passed: workers are daemon threads and a stuck build cannot keep the process)."""
         with self._lock:
             self._closed = True
-            for key, record in list(self._records.items()):
+            for record in list(self._records.values()):
                 if record.future.cancel():
                     self._settle(record)
-                    record.state = BuildState.CANCELLED
-                    self._stats.setdefault(record.build.op, OpStats()).cancelled += 1
-                    del self._records[key]
+                    self._cancelled_locked(record)
             workers = list(self._workers)
             serial = self._serial_worker
             self._serial_changed.notify_all()  # it stops once its list is empty
@@ -517,7 +412,7 @@ class Builder:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         break
-                    thread.join(0.1 if left is None else min(0.1, left))
+                    thread.join(JOIN_STEP_SECONDS if left is None else min(JOIN_STEP_SECONDS, left))
 
 
 _thread_role = threading.local()
@@ -526,10 +421,3 @@ _thread_role = threading.local()
 def on_builder_thread() -> bool:
     """True on a builder's worker thread (compiles there are builds, not late compiles)."""
     return getattr(_thread_role, "builder", False)
-
-
-def _abandon(build: Build, abandon: Callable[[], None]) -> None:
-    try:
-        abandon()
-    except Exception:  # noqa: BLE001 - the build is given up already; its stuck run stays stuck
-        logger.warning("buildops: stopping given-up build %s failed", build.describe(), exc_info=True)

@@ -99,7 +99,7 @@ def _queue_family_builds(model: Any, config: Any) -> list[concurrent.futures.Fut
         except Exception as error:
             if model is not None:
                 raise
-            # Families were once asked only with a model: one written so fails here, not in a start's later steps.
+            # A family that needs the model fails here, where it is first asked, not in a start's later steps.
             raise TypeError(f"buildops: family {family.name!r} failed when asked to list from the configuration "
                             f"alone (model=None, from model_configured): {error!r}. If it needs the model's "
                             "modules, have its recognizes() return False when model is None; model_created will "

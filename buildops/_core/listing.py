@@ -1,19 +1,20 @@
 """Listing by replay: run an op's own host code at a swept shape on fake tensors, with kernel launches recorded.
 
-The list then comes from the code that will run, so it cannot drift from it. Launches of Triton kernels are
-recorded as builds by :func:`buildops.triton.recording`. Host code that needs real values (``.item()``, data-
-dependent shapes) cannot be replayed: such an op registers a lister or uses ``@builds_by_running``.
+The list then comes from the code that will run, so it cannot drift from it. Launches are recorded as builds by
+the launch recorders backends register (:func:`.extensions.add_launch_recorder`). Host code that needs real values
+(``.item()``, data-dependent shapes) cannot be replayed: such an op registers a lister or uses
+``@builds_by_running``.
 
-Two kinds of stand-in tensors, cheapest first:
+Two kinds of stand-in tensors, cheapest first (docs/decisions/0005-meta-tensors-before-fake-tensors.md):
   * ``meta`` tensors (every tensor argument, weights included, with its shape, strides, offset and dtype): plain
     torch, with one shortcut (:class:`_MetaEmptyLike`). Host code that reads a tensor's device (``x.is_cuda``,
     ``x.device.index``) or mixes an argument with a tensor it holds elsewhere fails on them, or may take another
     branch and launch nothing.
   * so when the meta run raises or records no launch, the host code runs again on fake tensors
-    (``FakeTensorMode``), which keep the real devices and accept real tensors held elsewhere. The first use of
-    ``FakeTensorMode`` in a process costs 1 s (measured on the CPU machine) to 5 s (on the GPU host) of torch's
-    own set-up, paid on a startup's critical path: the reason meta goes first.
-A launch recorded from either is the same build (see ``buildops.triton``: tensors become dtype and alignment).
+    (``FakeTensorMode``), which keep the real devices and accept real tensors held elsewhere, but whose first use
+    in a process sets up much of torch on a start's critical path.
+A launch recorded from either is the same build: a recorder keys tensors by what a kernel compiles for (their
+dtype and alignment), not by their device or data.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 from . import extensions
 from .build import Build
-from .specs import SpecError
+from .specs import SpecError, tensor_dims
 
 __all__ = ["ReplayError", "replay"]
 
@@ -51,7 +52,7 @@ def _stand_in_arguments(bound: inspect.BoundArguments, shapes: Mapping[str, Mapp
             shape = None
             if dims:
                 shape = list(value.shape)
-                for dim, size in dims.items():
+                for dim, size in tensor_dims(dims).items():
                     shape[dim] = size
             call.arguments[name] = make(value, shape)
     return call
@@ -69,9 +70,9 @@ class _MetaEmptyLike(torch.overrides.TorchFunctionMode):
     """``torch.empty_like`` of a contiguous meta tensor, made directly: ``torch.empty_strided`` with its strides.
 
     Torch's meta ``empty_like`` is a Python reference whose first call imports
-    ``torch.fx.experimental.symbolic_shapes`` and sympy: 0.3-0.5 s on the CPU machine, 1.8 s on the H200 host,
-    most of a startup's rehearsal, holding the GIL the checkpoint's loader needs. The result is the one the GPU
-    gives the real call: for a dense tensor ``empty_like`` keeps its strides. Anything else goes to torch.
+    ``torch.fx.experimental.symbolic_shapes`` and sympy, holding the GIL the checkpoint's loader needs. The result
+    is the one the GPU gives the real call: for a dense tensor ``empty_like`` keeps its strides. Anything else goes
+    to torch.
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

@@ -18,9 +18,10 @@ import concurrent.futures
 import functools
 import inspect
 import logging
+import sys
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any, ParamSpec, Protocol, TypeVar, Union, cast
+from typing import Any, ParamSpec, Protocol, TypeAlias, TypeVar, cast
 
 import torch
 import wrapt
@@ -31,14 +32,14 @@ from .builder import on_builder_thread
 from .default import current_builder
 from .listing import replay
 from .passes import BuildPass, _current, active
-from .specs import BuildConfig, SpecError, TensorSpec, call_signature
+from .specs import BuildConfig, SpecError, TensorSpec, call_signature, tensor_dims
 
 logger = logging.getLogger("buildops")
 
 __all__ = ["lists_kernels"]
 
-Output = Union[str, Callable[..., Any], None]
-Lister = Callable[..., Iterable[Build]]
+Output: TypeAlias = str | Callable[..., Any] | None
+Lister: TypeAlias = Callable[..., Iterable[Build]]
 P = ParamSpec("P")
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -133,7 +134,7 @@ class _Op:
         if futures and builder is not None:
             try:
                 builder.wait_for(futures, self.name)
-            except Exception:  # noqa: BLE001 - serving never fails over a wait: the op runs, compiling what it must
+            except Exception:  # serving never fails over a wait: the op runs, compiling what it must
                 logger.warning("buildops: %s: waiting for its builds failed; it runs now and compiles what is not "
                                "built yet", self.name, exc_info=True)
 
@@ -221,13 +222,13 @@ class _ListingOp(_Op):
         for name, value in bound.arguments.items():
             fitted = shapes.get(name, {})
             if isinstance(value, torch.Tensor):
-                specs.arguments[name] = TensorSpec.like(value, fitted)
+                specs.arguments[name] = TensorSpec.like(value, tensor_dims(fitted))
             elif None in fitted:
                 specs.arguments[name] = fitted[None]
         try:
             builds = list(self.lister(*specs.args, **specs.kwargs) or ())
         except Exception as error:  # a bug in the lister: it raises into the pass body, with where it came from
-            if hasattr(error, "add_note"):  # Python 3.11+; the error keeps its own type for whoever catches it
+            if sys.version_info >= (3, 11):  # the error keeps its own type for whoever catches it
                 error.add_note(f"buildops: raised by the lister of op {self.name} at swept dims {dict(dims)}")
             raise
         for build in builds:
@@ -260,13 +261,21 @@ def _wrap(fn: Callable[P, R], op: _Op) -> Op[P, R]:
                         f"op's .lister lives on its function; give each op a function of its own (e.g. one that "
                         f"calls {getattr(fn, '__qualname__', fn)!s})")
     try:
-        fn.lister = op.register_lister  # type: ignore[attr-defined]
-        fn.builds_for = op.builds_for  # type: ignore[attr-defined]
-    except (AttributeError, TypeError):
-        raise TypeError(f"buildops cannot decorate {op.name}: it takes no attributes (wrap it in a function)")
+        _attach(fn, op.register_lister, op.builds_for)
+    except (AttributeError, TypeError) as error:
+        raise TypeError(f"buildops cannot decorate {op.name}: it takes no attributes "
+                        "(wrap it in a function)") from error
     wrapper = wrapt.FunctionWrapper(fn, op.call) if op.method else _FunctionOp(fn, op.call)
-    wrapper._self_op = op
+    # wrapt keeps ``_self_*`` attributes on the wrapper itself; its stubs leave out the proxy's __setattr__
+    wrapper._self_op = op  # pyright: ignore[reportAttributeAccessIssue]
     return cast("Op[P, R]", wrapper)
+
+
+def _attach(fn: Callable[..., Any], lister: Callable[[Lister], Lister], builds_for: Callable[..., list[Build]]) -> None:
+    """Set ``fn.lister`` and ``fn.builds_for``; AttributeError or TypeError where ``fn`` takes no attributes."""
+    target: Any = fn  # a function takes attributes, which its type does not declare
+    target.lister = lister
+    target.builds_for = builds_for
 
 
 def _ignore_lister(fn: Lister) -> Lister:
@@ -281,8 +290,7 @@ def _transparent(fn: Callable[P, R]) -> Op[P, R]:
     """``BUILDOPS=0``: the function itself. ``.lister`` is accepted and ignored so decorated modules still import;
     ``.builds_for`` lists nothing."""
     try:
-        fn.lister = _ignore_lister  # type: ignore[attr-defined]
-        fn.builds_for = _no_builds  # type: ignore[attr-defined]
+        _attach(fn, _ignore_lister, _no_builds)
     except (AttributeError, TypeError):
         pass
     return cast("Op[P, R]", fn)

@@ -64,7 +64,7 @@ class BuildPass:
         self._seen: set[tuple[Any, Hashable]] = set()
         self._first: set[tuple[Any, Hashable]] = set()  # first calls made inside this pass (its nested ones too)
         self._builder: Builder | None = None
-        self._token: contextvars.Token | None = None
+        self._token: contextvars.Token[BuildPass | None] | None = None
         self._active = False
         self._started = 0.0
 
@@ -125,6 +125,7 @@ class BuildPass:
         if not self._active:
             return
         self._active = False
+        assert self._token is not None  # set with _active by __enter__
         _current.reset(self._token)
         self._token = None
         builder = self._builder

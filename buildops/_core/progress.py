@@ -11,11 +11,14 @@ __all__ = ["progress_bar"]
 
 logger = logging.getLogger("buildops")
 
+# How often a wait without a terminal logs its progress.
+LOG_EVERY_SECONDS = 5.0
+
 
 class _LoggedProgress:
     """Progress as a log line every few seconds, where no terminal shows a bar (a server's log, CI)."""
 
-    def __init__(self, what: str, total: int, done: int, every: float = 5.0) -> None:
+    def __init__(self, what: str, total: int, done: int, every: float = LOG_EVERY_SECONDS) -> None:
         self.what, self.total, self.n, self.every = what, total, done, every
         self._next = time.monotonic() + every
 

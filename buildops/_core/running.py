@@ -9,15 +9,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import torch
 
 from .._config import settings
 from .._runtime.gpu import worker_stream
 from .build import Build
-from .ops import Op, Output, _op_name, _Op, _refuse_bare_use, _transparent, _wrap, P, R
-from .specs import BuildConfig, DynamicSpec, SpecError, call_signature
+from .ops import Lister, Op, Output, P, R, _Op, _op_name, _refuse_bare_use, _transparent, _wrap
+from .specs import BuildConfig, DynamicSpec, SpecError, call_signature, tensor_dims
 
 __all__ = ["builds_by_running"]
 
@@ -62,7 +61,7 @@ def _fitted(bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int | No
     a copy of each per run could take more memory than the GPU has."""
     call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
     for name, fitted in shapes.items():
-        call.arguments[name] = fitted[None] if None in fitted else _fit(call.arguments[name], fitted)
+        call.arguments[name] = fitted[None] if None in fitted else _fit(call.arguments[name], tensor_dims(fitted))
     return call
 
 
@@ -79,7 +78,6 @@ def _run_at(fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Ma
         call = _fitted(bound, shapes)
         fn(*call.args, **call.kwargs)
     stream.synchronize()
-
 
 
 def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int, str]] | None = None,

@@ -14,16 +14,18 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, TypeAlias
 
 import torch
 
 __all__ = ["BuildConfig", "DynamicSpec", "SpecError", "TensorSpec"]
 
-Sweep = Union[str, Sequence[int], range, Callable[[int], Iterable[int]]]
-Follows = Union[str, Callable[[Mapping[str, int]], int], None]
+Sweep: TypeAlias = str | Sequence[int] | range | Callable[[int], Iterable[int]]
+Follows: TypeAlias = str | Callable[[Mapping[str, int]], int] | None
 
 _NAMED_SWEEPS = ("pow2", "pow2_odd", "exact")
+# BuildConfig's default cap on the combinations one call may sweep
+DEFAULT_MAX_COMBINATIONS = 4096
 
 
 class SpecError(ValueError):
@@ -95,13 +97,14 @@ class DynamicSpec:
     def values(self, seen: int) -> list[int]:
         """The swept values for a call whose dim is ``seen``, capped at ``max``, sorted, without repeats."""
         sweep = self.sweep
-        if sweep in ("pow2", "pow2_odd"):
-            powers = [1 << i for i in range(max(seen, 1).bit_length()) if (1 << i) <= seen]
-            raw = powers + [seen]
-            if sweep == "pow2_odd":
-                raw += [p - 1 for p in powers if p >= 4]
-        elif sweep == "exact":
-            raw = [seen]
+        if isinstance(sweep, str):  # one of _NAMED_SWEEPS: __post_init__ refused any other
+            if sweep == "exact":
+                raw = [seen]
+            else:
+                powers = [1 << i for i in range(max(seen, 1).bit_length()) if (1 << i) <= seen]
+                raw = powers + [seen]
+                if sweep == "pow2_odd":
+                    raw += [p - 1 for p in powers if p >= 4]
         elif callable(sweep):
             raw = list(sweep(seen))
         else:
@@ -175,7 +178,7 @@ class BuildConfig:
     """
 
     def __init__(self, *specs: DynamicSpec, where: Callable[[Mapping[str, int]], bool] | None = None,
-                 max_combinations: int = 4096) -> None:
+                 max_combinations: int = DEFAULT_MAX_COMBINATIONS) -> None:
         if not specs:
             raise SpecError("BuildConfig needs at least one DynamicSpec")
         for spec in specs:
@@ -258,6 +261,7 @@ class ResolvedConfig:
             combo = {d.spec.key: v for d, v in zip(free, values)}
             for d in tied:
                 follows = d.spec.follows
+                assert follows is not None  # a tied dim follows another
                 value = combo[follows] if isinstance(follows, str) else follows(dict(combo))
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                     raise SpecError(f"{self.op}: spec {d.spec.key!r} follows to {value!r}; expected an int >= 0")
@@ -273,6 +277,12 @@ class ResolvedConfig:
         for d in self.dims:
             out.setdefault(d.param, {})[d.spec.dim] = combo[d.spec.key]
         return out
+
+
+def tensor_dims(fitted: Mapping[int | None, int]) -> dict[int, int]:
+    """The tensor dims of one argument's entry in :meth:`ResolvedConfig.shapes` (the key None is an int argument's
+    own value, never a tensor's)."""
+    return {dim: size for dim, size in fitted.items() if dim is not None}
 
 
 @dataclass(frozen=True)

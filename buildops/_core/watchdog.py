@@ -3,7 +3,8 @@
 A thread cannot be stopped. So a build past its deadline is *given up*: its future fails at once, so that the
 op's calls and joins stop waiting for it, a worker takes the stuck one's place, and when the run returns at last
 its outcome is dropped. Given-up runs that still run are kept process-wide (:data:`stuck`): a GPU one among them
-must keep refusing CUDA graph capture, even after its builder was shut down.
+must keep refusing CUDA graph capture, even after its builder was shut down
+(docs/decisions/0012-build-timeout-watchdog.md).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from .._runtime.forking import forget_in_child
 from .build import Build
 
-__all__ = ["Stuck", "Watchdog", "stuck"]
+__all__ = ["Stuck", "Watchdog", "abandon", "stuck"]
 
 logger = logging.getLogger("buildops")
 
@@ -75,7 +76,7 @@ class Watchdog(Generic[R]):
                     self.running.discard(record)
                     try:
                         given_up.append((record, self._give_up_locked(record)))
-                    except Exception:  # noqa: BLE001 - one record must not stop the watchdog for the others
+                    except Exception:  # one record must not stop the watchdog for the others
                         logger.exception("buildops: giving up a timed-out build failed")
                 if not given_up:
                     soonest = min((r.deadline for r in self.running if r.deadline is not None), default=None)
@@ -123,3 +124,18 @@ def stuck_gpu_builds() -> list[Build]:
     """GPU builds given up as timed out whose runs have not returned, on any builder of this process: no join
     waits for them, and a CUDA graph capture must not begin beside them."""
     return stuck.gpu_builds()
+
+
+def abandon(build: Build) -> None:
+    """Call a given-up build's ``run.abandon()``, if it has one (see :class:`~.build.Build`), on a thread of its
+    own: it may block, and the watchdog must not."""
+    stop = getattr(build.run, "abandon", None)
+    if stop is not None:
+        threading.Thread(target=_abandon, args=(build, stop), name="buildops-abandon", daemon=True).start()
+
+
+def _abandon(build: Build, stop: Callable[[], None]) -> None:
+    try:
+        stop()
+    except Exception:  # the build is given up already; its stuck run stays stuck
+        logger.warning("buildops: stopping given-up build %s failed", build.describe(), exc_info=True)

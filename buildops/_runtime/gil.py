@@ -1,12 +1,9 @@
 """The GIL's switch interval while buildops works in the background.
 
-A thread that makes a call which releases the GIL (a CUDA launch, event record or synchronize, a torch op, a file
-read) must get the GIL back afterwards, and beside a thread that runs Python that wait lasts up to the switch
-interval: 5 ms by default. During a start buildops' threads run Python (listing, the parent's side of a build,
-imports) while the engine's main thread, its loader and the autotuning make thousands of such calls. On the H200
-host 30 ``do_bench`` calls took 7.7 s beside one Python-busy thread and 0.76 s with a 0.2 ms interval
-(``benchmarks/tuning_contention.py``); the tiny LLM's ``fill_`` of its dummy weights, ~200 calls, took 0.5 s
-beside the builds.
+A thread that makes a call which releases the GIL (a CUDA launch, a torch op, a file read) must get the GIL back
+afterwards, and beside a thread that runs Python that wait lasts up to the switch interval: 5 ms by default. During
+a start buildops' threads run Python while the engine's threads make thousands of such calls
+(docs/decisions/0004-gil-switch-interval.md).
 
 So while anything holds it (the builder, while it has builds queued or running; the background preparation of
 ``start_build_workers``) the interval is at most ``BUILDOPS_SWITCH_INTERVAL_US``; the last holder to let go

@@ -4,7 +4,7 @@ A build that runs real work (``@builds_by_running``, DeepGEMM) allocates dummy o
 the checkpoint loads into the same memory. :class:`MemoryGate` admits an allocation only if free memory, less
 ``BUILDOPS_GPU_RESERVE_MB``, covers it; otherwise it waits for running builds to free theirs (fewer builds run at
 once), and when none is running and it still does not fit, the build fails with :class:`NotEnoughGpuMemory`
-(it is left to compile on first use, and the report lists it).
+(it is left to compile on first use, and the report lists it). Why: docs/decisions/0009-memory-gate.md.
 
 Builds in other processes of the node count too (DeepGEMM's worker processes, another rank on the same GPU):
 where ``BUILDOPS_NODE_LOCKS`` is on, each check and allocation holds a file lock per GPU, so two processes never
@@ -34,13 +34,18 @@ from .node import node_claims
 try:
     import fcntl
 except ImportError:  # not POSIX: the gate counts this process's builds only
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None
 
 __all__ = ["MemoryGate", "NotEnoughGpuMemory", "gate", "worker_stream"]
 
 T = TypeVar("T")
 _MIB = 1 << 20
 logger = logging.getLogger("buildops")
+
+# How often a build waiting for memory checks again where other processes' builds count (they notify no one),
+# and where only this process's count (a release here wakes it sooner).
+NODE_POLL_SECONDS = 0.25
+LOCAL_POLL_SECONDS = 1.0
 
 _streams = threading.local()
 
@@ -76,7 +81,8 @@ def device_uuid(device: torch.device) -> str:
 
 
 class _NodeHolders:
-    """The processes of this node that hold dummy operands on one GPU, seen through two lock files."""
+    """The processes of this node that hold dummy operands on one GPU, seen through two lock files. Made only
+    where ``fcntl`` exists (:meth:`MemoryGate._node`)."""
 
     def __init__(self, directory: Path, device_id: str) -> None:
         # Held around each check of free memory and the allocation it admits, by every process.
@@ -85,6 +91,7 @@ class _NodeHolders:
         self._holders = directory / f"gpu-{device_id}.holders.lock"
 
     def hold(self) -> int:
+        assert fcntl is not None
         fd = os.open(self._holders, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -97,6 +104,7 @@ class _NodeHolders:
     def let_go(fd: int) -> None:
         """Drop a shared lock from :meth:`hold`. Unlocked before it is closed: a child forked since holds a copy
         of the descriptor, and closing ours alone would leave the lock held for as long as the child lives."""
+        assert fcntl is not None
         try:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
@@ -104,6 +112,7 @@ class _NodeHolders:
 
     def anyone(self) -> bool:
         """Whether any build, in any process (this one included), holds operands on the GPU now."""
+        assert fcntl is not None
         fd = os.open(self._holders, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # granted only where no one holds a shared lock
@@ -117,8 +126,7 @@ class _NodeHolders:
 class MemoryGate:
     """Admits dummy-operand allocations that fit; see the module docstring."""
 
-    # How often a build that waits for another process's operands looks again (other processes notify no one).
-    POLL_SECONDS = 0.25
+    POLL_SECONDS = NODE_POLL_SECONDS  # per gate, so that a test may shorten it
 
     def __init__(self, free: Callable[[torch.device], int] = free_bytes,
                  device_id: Callable[[torch.device], str] = device_uuid) -> None:
@@ -169,7 +177,7 @@ class MemoryGate:
                 if not waited:
                     waited = True
                     self.waits += 1
-                self._cond.wait(timeout=self.POLL_SECONDS if node is not None else 1.0)
+                self._cond.wait(timeout=self.POLL_SECONDS if node is not None else LOCAL_POLL_SECONDS)
 
     def release(self, device: torch.device) -> None:
         """Give back what :meth:`allocate` admitted on ``device`` (its operands already dropped)."""

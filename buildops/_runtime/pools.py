@@ -1,13 +1,15 @@
 """Worker processes for builds that must not run in this process's threads.
 
 Both Triton (its front end holds the GIL) and DeepGEMM (its binding holds the GIL while it compiles) build in
-worker processes. A :class:`WorkerPool` starts its workers on first use, keeps them for later builds, stops them at
-``buildops.shutdown()``, and is forgotten by a forked child (the parent's workers are not the child's).
+worker processes (docs/decisions/0001-worker-processes-for-triton.md,
+docs/decisions/0013-deep-gemm-in-worker-processes.md). A :class:`WorkerPool` starts its workers on first use, keeps
+them for later builds, stops them at ``buildops.shutdown()``, and is forgotten by a forked child (the parent's
+workers are not the child's).
 
 Workers are never forked from this process: it has threads, and maybe a CUDA context, that a fork would corrupt.
 They are spawned, or, for a pool with ``preload`` modules, forked from Python's forkserver (a clean process that
-imported those modules once): a spawned worker imports torch itself, seconds of CPU each, and 16 of them starting
-at once on 16 cores slowed a whole startup, while a fork from the forkserver shares what it imported.
+imported those modules once), so that each worker does not import torch itself
+(docs/decisions/0002-forkserver-preload.md).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing.context import BaseContext
 from typing import Any
 
 from .._config import settings
@@ -31,6 +34,9 @@ from .hooks import on_shutdown
 __all__ = ["WorkerPool"]
 
 logger = logging.getLogger("buildops")
+
+# How long shutdown() waits for a pool that is starting, where it was given no deadline.
+START_WAIT_SECONDS = 60.0
 
 
 def _refuse_while_importing_main() -> None:
@@ -42,7 +48,7 @@ def _refuse_while_importing_main() -> None:
                            "importing it; put that code under `if __name__ == \"__main__\":`")
 
 
-def _context(preload: Sequence[str], first: Sequence[str] = ()) -> multiprocessing.context.BaseContext:
+def _context(preload: Sequence[str], first: Sequence[str] = ()) -> BaseContext:
     """The forkserver, with ``first`` added before what it imports when it starts and ``preload`` after, where the
     platform has one."""
     if not preload or "forkserver" not in multiprocessing.get_all_start_methods():
@@ -62,8 +68,8 @@ def _context(preload: Sequence[str], first: Sequence[str] = ()) -> multiprocessi
 
 def _start_worker(nice: int, initializer: Callable | None) -> None:
     """A worker's first step: lower its CPU priority by ``nice`` (the compilers it runs inherit it), then run the
-    pool's initializer. Builds overlap the engine's start (its loader, its main thread): where the cores are all
-    busy, the engine's threads run first and the builds take what is left."""
+    pool's initializer. Where the cores are all busy, the engine's own threads then run first
+    (docs/decisions/0003-workers-below-engine-priority.md)."""
     if nice:
         try:
             os.nice(nice)
@@ -250,10 +256,6 @@ class WorkerPool:
             _forget_the_forkserver()
 
 
-# How long shutdown() waits for a pool that is starting, where it was given no deadline.
-START_WAIT_SECONDS = 60.0
-
-
 def _alive(process: Any) -> bool:
     try:
         return process.is_alive()
@@ -268,7 +270,7 @@ def _forget_the_forkserver() -> None:
     alive also lets that server exit with the parent."""
     from multiprocessing import forkserver
 
-    server = forkserver._forkserver
+    server: Any = forkserver._forkserver  # its private state, which typeshed leaves out
     alive = getattr(server, "_forkserver_alive_fd", None)
     if alive is not None:
         try:

@@ -6,11 +6,11 @@ one weight shape at every M of a sweep, so that every kernel the layer will need
 cache before serving. Dummy operands are admitted by the GPU memory gate (``BUILDOPS_GPU_RESERVE_MB``) and the
 runs go on a worker stream.
 
-Why worker processes: DeepGEMM's binding holds the GIL while it compiles, so a build on a thread stops every other
-Python thread of the process for the whole compile (``benchmarks/gil_starvation.py`` measures it: a checkpoint
-load in the main thread stalls for as long as the build). Builds therefore run in spawned worker processes, each
-with its own CUDA context, which fill DeepGEMM's disk cache; the process's own first call then loads the kernel
-from there. ``BUILDOPS_EXECUTOR=threads`` keeps them on the builder's threads instead.
+DeepGEMM's binding holds the GIL while it compiles, so a build on a thread would stop every other Python thread of
+the process for the whole compile. Builds therefore run in spawned worker processes, each with its own CUDA context,
+which fill DeepGEMM's disk cache; the process's own first call then loads the kernel from there
+(docs/decisions/0013-deep-gemm-in-worker-processes.md). ``BUILDOPS_EXECUTOR=threads`` keeps them on the builder's
+threads instead.
 
 Imported on demand; ``deep_gemm`` itself is imported only when a build runs.
 """
@@ -20,8 +20,9 @@ from __future__ import annotations
 import importlib
 import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,10 +42,29 @@ KINDS = {
 _BLOCK = 128        # DeepGEMM's scaling block along N and K
 _ALIGN_M = 128      # row alignment of each expert's block in the contiguous layout
 
+# What the relaxed M sweep (m_values) knows of DeepGEMM's heuristics:
+_SMALL_MS = (1, 2, 4, *range(8, 65, 8))   # small Ms, each of which may pick its own kernel
+_BLOCK_MS = (64, 128, 256)                # its block heights
+_BLOCK_N_STEP, _BLOCK_N_MAX = 16, 256     # its block widths: multiples of 16 up to 256
+_MAX_WAVES = 10                           # the whole waves of the GPU's multiprocessors the sweep covers
+_DEFAULT_SMS = 132                        # multiprocessors of an H100 or H200, where no GPU says
+
+# Worker processes at most: each holds a CUDA context (hundreds of MiB), and DeepGEMM's nvcc runs use several cores.
+_MAX_WORKERS = 4
+
+_pool = WorkerPool("DeepGEMM build", lambda: max(1, min(settings.threads, _MAX_WORKERS)))
+
 
 @dataclass(frozen=True)
 class GemmShape:
-    """One weight shape a model runs through DeepGEMM: ``(N, K)`` dense, or ``(E, N, K)`` for a grouped kind."""
+    """One weight shape a model runs through DeepGEMM: ``(N, K)`` dense, or ``(E, N, K)`` for a grouped kind.
+
+    Args:
+        kind: ``dense``, or ``contiguous`` or ``masked`` for MoE experts (the layout DeepGEMM's grouped GEMM takes).
+        n: the output features.
+        k: the input features.
+        experts: the experts of a grouped kind; 1 for ``dense``.
+    """
 
     kind: str
     n: int
@@ -79,31 +99,42 @@ def _rows(shape: GemmShape, m: int) -> int:
     return m
 
 
-def m_values(max_tokens: int, n: int, mode: str | None = None, sms: int = 132) -> tuple[int, ...]:
+def m_values(max_tokens: int, n: int, mode: str | None = None, sms: int = _DEFAULT_SMS) -> tuple[int, ...]:
     """The M values to build for a layer of width ``n``, up to ``max_tokens``.
 
     ``full``: every M. ``relaxed``: the small Ms (1, 2, 4, then multiples of 8 up to 64), the multiples of
     DeepGEMM's block heights (64, 128, 256), the Ms at which a tiling by those heights and by block widths of 16 to
-    256 fills whole waves of the GPU's ``sms`` multiprocessors, and ``max_tokens``: where DeepGEMM's heuristics may
-    pick another kernel. ``off``: none.
+    256 fills up to 10 whole waves of the GPU's ``sms`` multiprocessors, and ``max_tokens``: where DeepGEMM's
+    heuristics may pick another kernel. ``off``: none.
+
+    Args:
+        max_tokens: the largest M.
+        n: the layer's output features.
+        mode: ``full``, ``relaxed`` or ``off`` (default: ``BUILDOPS_DEEP_GEMM_M``).
+        sms: the GPU's multiprocessors (default 132, an H100's or H200's).
     """
     mode = mode or settings.deep_gemm_m
     if mode == "off" or max_tokens < 1:
         return ()
     if mode == "full":
         return tuple(range(1, max_tokens + 1))
-    values = {1, 2, 4, *range(8, 65, 8), max_tokens}
-    for block_m in (64, 128, 256):
+    values = {*_SMALL_MS, max_tokens}
+    for block_m in _BLOCK_MS:
         values.update(range(block_m, max_tokens + 1, block_m))
-        for block_n in range(16, min(256, n) + 1, 16):
-            for waves in range(1, 11):
+        for block_n in range(_BLOCK_N_STEP, min(_BLOCK_N_MAX, n) + 1, _BLOCK_N_STEP):
+            for waves in range(1, _MAX_WAVES + 1):
                 values.add(waves * sms * block_m // math.ceil(n / block_n))
     return tuple(sorted(v for v in values if 1 <= v <= max_tokens))
 
 
 def find_gemm_shapes(model: nn.Module, grouped: Sequence[str] = ("contiguous",)) -> list[GemmShape]:
-    """The DeepGEMM shapes of a model's FP8 weights: 2-D ones as dense ``(N, K)``, 3-D ones as ``(E, N, K)`` of
-    each ``grouped`` kind (how the model's MoE layers call DeepGEMM). Deduplicated, in the model's order."""
+    """The DeepGEMM shapes of a model's FP8 weights: 2-D ones as dense ``(N, K)``, 3-D ones as ``(E, N, K)``.
+    Deduplicated, in the model's order.
+
+    Args:
+        model: the model, whose parameters' shapes are read (their values need not be loaded).
+        grouped: the grouped kinds each 3-D weight gets a shape of (how the model's MoE layers call DeepGEMM).
+    """
     shapes: dict[GemmShape, None] = {}
     for parameter in model.parameters():
         if parameter.dtype != torch.float8_e4m3fn:
@@ -121,12 +152,18 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
                      module: str = "deep_gemm") -> list[Build]:
     """One build per distinct shape and M set: the shape's DeepGEMM entry point run at every M of the sweep.
 
-    ``module`` names the module that provides DeepGEMM's API (tests pass a fake with the same signatures).
+    Args:
+        shapes: the weight shapes to build.
+        max_tokens: the largest M (see :func:`m_values`).
+        op: the op the builds are reported under.
+        device: the GPU the runs go to (default: the current one, or the CPU without a GPU).
+        mode: the M sweep, as for :func:`m_values`.
+        module: the module that provides DeepGEMM's API (tests pass a fake with the same signatures).
     """
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else _DEFAULT_SMS
     builds: dict[tuple, Build] = {}
     for shape in shapes:
         ms = m_values(max_tokens, shape.n, mode, sms)
@@ -142,17 +179,26 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
 class DeepGemmFamily:
     """An op family (see :func:`buildops.model_created`) for models with FP8 weights: DeepGEMM builds of every
     weight shape, for M up to ``max_tokens(config)``; the shapes come from the parameters' shapes, so the builds
-    can start before the weights are loaded."""
+    can start before the weights are loaded.
+
+    Args:
+        max_tokens: the largest M, given the model's config.
+        grouped: as for :func:`find_gemm_shapes`.
+        module: as for :func:`deep_gemm_builds`.
+    """
 
     name = "deep_gemm"
 
-    def __init__(self, max_tokens, grouped: Sequence[str] = ("contiguous",), module: str = "deep_gemm") -> None:
+    def __init__(self, max_tokens: Callable[[Any], int], grouped: Sequence[str] = ("contiguous",),
+                 module: str = "deep_gemm") -> None:
         self.max_tokens, self.grouped, self.module = max_tokens, tuple(grouped), module
 
-    def recognizes(self, model, config) -> bool:
+    def recognizes(self, model: Any, config: Any) -> bool:
+        """Whether ``model`` is a torch module with FP8 weights."""
         return isinstance(model, nn.Module) and bool(find_gemm_shapes(model, self.grouped))
 
-    def builds(self, model, config) -> list[Build]:
+    def builds(self, model: Any, config: Any) -> list[Build]:
+        """The DeepGEMM builds of ``model``'s FP8 weight shapes, on the device they are on."""
         device = next((p.device for p in model.parameters() if p.dtype == torch.float8_e4m3fn), None)
         return deep_gemm_builds(find_gemm_shapes(model, self.grouped), self.max_tokens(config), op=self.name,
                                 device=device, module=self.module)
@@ -246,7 +292,3 @@ def _call(entry, shape: GemmShape, o: dict, m: int) -> None:
     else:
         masked_m = torch.full((shape.experts,), m, dtype=torch.int32, device=o["a"].device)
         entry((o["a"], o["a_scale"]), (o["b"], o["b_scale"]), o["d"], masked_m, m)
-
-
-# Each worker holds a CUDA context (hundreds of MiB): a few suffice, as DeepGEMM's nvcc runs use several cores.
-_pool = WorkerPool("DeepGEMM build", lambda: max(1, min(settings.threads, 4)))

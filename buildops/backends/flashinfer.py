@@ -2,9 +2,9 @@
 
 A build takes FlashInfer's per-module file lock (``JitSpec.lock_path``, the one ``build_and_load`` takes) and runs
 ``JitSpec.build``: ninja and nvcc write the module into FlashInfer's JIT cache, and nothing is loaded. The first
-call that needs the module loads it: its ``build_and_load`` finds ninja's outputs up to date and compiles nothing
-(it still runs ninja, ~20 ms). That holds only if the later call sees the same build description: the same
-environment (FlashInfer's ``FLASHINFER_*`` build settings, ``CUDA_HOME``), the same ``ninja``, the same workspace.
+call that needs the module loads it: its ``build_and_load`` runs ninja, finds the outputs up to date and compiles
+nothing. That holds only if the later call sees the same build description: the same environment (FlashInfer's
+``FLASHINFER_*`` build settings, ``CUDA_HOME``), the same ``ninja``, the same workspace.
 
 Two processes building one module take turns on the lock; the second finds it built. Builds run on the builder's
 threads (ninja and nvcc are subprocesses, so the GIL is free); at most one per 4 GiB of memory runs at once, since
@@ -42,18 +42,22 @@ PLAN_LOOKUPS = (
 )
 
 _GIB = 1 << 30
+# Memory to leave each build running at once: one nvcc of an attention module can take several GiB.
+_MEMORY_PER_BUILD = 4 * _GIB
+# The host's memory where the system does not say.
+_MEMORY_IF_UNKNOWN = 16 * _GIB
+
+_slots: threading.BoundedSemaphore | None = None  # made at the first build, when settings.threads is known
+_slots_lock = threading.Lock()
+_watching: list[Patch] = []  # JitSpec.build wrapped for late compiles, held until buildops.testing.reset()
 
 
 def _concurrent_builds() -> int:
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
-        memory = 16 * _GIB
-    return max(1, min(settings.threads, memory // (4 * _GIB)))
-
-
-_slots: threading.BoundedSemaphore | None = None
-_slots_lock = threading.Lock()
+        memory = _MEMORY_IF_UNKNOWN
+    return max(1, min(settings.threads, memory // _MEMORY_PER_BUILD))
 
 
 def _build_slots() -> threading.BoundedSemaphore:
@@ -77,7 +81,12 @@ class _ModuleBuild:
 
 
 def module_builds(op: str, specs: Iterable) -> list[Build]:
-    """One build per FlashInfer ``JitSpec`` (e.g. ``flashinfer.jit.activation.gen_act_and_mul_module("silu")``)."""
+    """One build per FlashInfer ``JitSpec``.
+
+    Args:
+        op: the op the builds are reported under.
+        specs: FlashInfer ``JitSpec`` objects, e.g. ``flashinfer.jit.activation.gen_act_and_mul_module("silu")``.
+    """
     return [Build(op, ("flashinfer", spec.name, str(spec.jit_library_path)), _ModuleBuild(spec),
                   label=f"flashinfer module {spec.name}", library="flashinfer") for spec in specs]
 
@@ -99,9 +108,6 @@ def _reporting_build(original: Any) -> Any:
             record(LateCompile("flashinfer", self.name, "JIT module", (), caller()), ("flashinfer", self.name))
         return result
     return build
-
-
-_watching: list[Patch] = []
 
 
 def watch_late_compiles() -> None:

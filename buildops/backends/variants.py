@@ -74,9 +74,15 @@ def _patch(lookup: str) -> Patch:
 
 @contextlib.contextmanager
 def variants(op: str, *lookups: str) -> Iterator[list[Build]]:
-    """Record the calls this thread makes to the named lookups (dotted paths) as builds, appended to the yielded
-    list. The first recorded call ends the block's plan (raising :class:`VariantRecorded`, swallowed here): one
-    plan call, one variant. Queue the builds with a pass's ops or ``builder.submit``."""
+    """Record the calls this thread makes to the named lookups as builds, appended to the yielded list.
+
+    The first recorded call ends the block's plan (raising :class:`VariantRecorded`, swallowed here): one plan
+    call, one variant. Queue the builds with a pass's ops or ``builder.submit``.
+
+    Args:
+        op: the op the builds are reported under.
+        *lookups: the lookups to record, as dotted paths (``flashinfer.decode.get_batch_decode_module``).
+    """
     with _lock:
         # every one resolved before any is installed: a bad one leaves nothing patched
         patches = [_patches.get(lookup) or _patch(lookup) for lookup in lookups]

@@ -13,14 +13,13 @@ from typing import Any
 
 import torch
 from triton.runtime.autotuner import Autotuner
-from triton.runtime.driver import driver
 
 from ..._config import settings
 from ..._core.build import Build
 from ..._core.default import current_builder
 from ..._core.specs import TensorSpec
 from ..._runtime.gpu import run_admitted
-from .driver import compile_only, inner_jit, kernel_name, target
+from .driver import active_driver, compile_only, inner_jit, kernel_name, target
 from .patches import building
 from .stand_ins import PointerArg
 
@@ -75,7 +74,7 @@ def tune_build(op: str, tuner: Autotuner, args: tuple, kwargs: dict, compiles: l
     layouts = tuple(map(layout, args))
     kwargs = {name: layout(value) for name, value in kwargs.items()}
     jit = inner_jit(tuner)
-    device = torch.device("cuda", driver.active.get_current_device())
+    device = torch.device("cuda", active_driver().get_current_device())
     return Build(op, ("triton-autotune", kernel_name(jit), jit.cache_key, key, target()),
                  _TuneRun(tuner, layouts, kwargs, compiles, device, run), uses_gpu=True,
                  label=f"autotune {jit.fn.__name__}{list(key)}", shared=False, serial=True, after=tuple(compiles))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
-from typing import Any
+from typing import Any, cast
 
 import torch
 from triton import knobs
@@ -90,19 +90,21 @@ class WarmupRun:
             with torch.cuda.device(self.device):
                 kernel = self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
                 _make_launcher(kernel)
-                with _load_lock:  # the driver serializes loads anyway; threads contending for it only slow it
+                # One load at a time: loads contending for the driver only slow each other
+                # (docs/decisions/0015-launchers-once-per-signature.md).
+                with _load_lock:
                     kernel._init_handles()
             return kernel
 
 
 def _make_launcher(kernel: Any) -> None:
-    """Make the kernel's launcher before its load, one thread per launcher signature.
+    """Make the kernel's launcher before its load, one thread per launcher signature
+    (docs/decisions/0015-launchers-once-per-signature.md).
 
     Up to Triton 3.6 a launcher is a C module per kernel signature, which a cold cache compiles with the host
-    compiler; variants of one kernel mostly share one, and threads that reached it together each compiled it.
-    The others wait for the thread making it, then find it in Triton's cache. The key only decides who waits for
-    whom, never what is built. ``_init_handles`` makes the launcher again (a cache hit) and raises there if it
-    must, so a failure here is only logged.
+    compiler, and variants of one kernel mostly share one: the other threads wait for the one making it, then find
+    it in Triton's cache. The key only decides who waits for whom, never what is built. ``_init_handles`` makes
+    the launcher again (a cache hit) and raises there if it must, so a failure here is only logged.
     """
     try:
         lock = _launcher_lock(_launcher_key(kernel))
@@ -111,8 +113,9 @@ def _make_launcher(kernel: Any) -> None:
     # Bounded: a host compiler that hangs holds up the other variants of its signature no longer than itself.
     locked = lock.acquire(timeout=LAUNCHER_WAIT_SECONDS)
     try:
-        driver.active.launcher_cls(kernel.src, kernel.metadata)
-    except Exception:  # noqa: BLE001 - see the docstring
+        # Triton types the active driver as DriverBase, which declares no launcher_cls; its GPU drivers have one.
+        cast(Any, driver.active).launcher_cls(kernel.src, kernel.metadata)
+    except Exception:  # see the docstring
         logger.debug("buildops: making the launcher of %s ahead of its load failed",
                      getattr(kernel, "name", kernel), exc_info=True)
     finally:
@@ -147,7 +150,7 @@ def picklable_reference(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[st
         if inner_jit(worker.resolve(module, qualname)) is not jit:
             return None
         pickle.dumps((args, kwargs))
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever stops a worker importing it or its arguments pickling
         return None
     return module, qualname
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from triton import knobs
 
-from ..._core.late import LateCompile, caller, record
 from ..._core.builder import on_builder_thread
+from ..._core.late import LateCompile, caller, record
 from ..._runtime.forking import forget_in_child
 from ..._runtime.hooks import on_reset
 
@@ -25,6 +25,7 @@ def _new_lock() -> None:
 
 
 def note_listed(kernel: str, op: str) -> None:
+    """Note that ``op`` listed builds of ``kernel``, so that a late compile of it names the op."""
     with _listed_lock:
         _listed.setdefault(kernel, set()).add(op)
 
@@ -36,12 +37,16 @@ def forget_listed() -> None:
         _listed.clear()
 
 
-def _late_compile_hook(previous: Any) -> Any:
-    def hook(**kwargs: Any) -> Any:
-        result = previous(**kwargs) if previous is not None else None
-        from .record import recording_active  # here: record imports this module
+class _LateCompileHook:
+    """buildops' ``jit_post_compile_hook``: calls the hook it replaced, then records a compile made outside the
+    builder's threads as late."""
 
-        if on_builder_thread() or recording_active():
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def __call__(self, **kwargs: Any) -> Any:
+        result = self.previous(**kwargs) if self.previous is not None else None
+        if on_builder_thread():  # a build; a recording compiles nothing, so it never gets here
             return result
         fn, compiled = kwargs["fn"], kwargs.get("compile") or {}
         name = f"{fn.module}.{fn.name}"
@@ -51,12 +56,10 @@ def _late_compile_hook(previous: Any) -> Any:
             ops = tuple(sorted(_listed.get(name, ())))
         record(LateCompile("triton", name, variant, ops, caller()), (name, kwargs.get("key")))
         return result
-    hook.buildops = True  # type: ignore[attr-defined]
-    return hook
 
 
 def watch_late_compiles() -> None:
     """Install buildops' ``jit_post_compile_hook`` (keeping any hook already set, which it calls first)."""
     current = knobs.runtime.jit_post_compile_hook
-    if not getattr(current, "buildops", False):
-        knobs.runtime.jit_post_compile_hook = _late_compile_hook(current)
+    if not isinstance(current, _LateCompileHook):
+        knobs.runtime.jit_post_compile_hook = _LateCompileHook(current)

@@ -1,7 +1,8 @@
 """Patches of Triton held while buildops builds, for two steps of Triton's that are not thread-safe.
 
 Both are held by :func:`building` around every build's compile and load, so they are installed exactly while
-builder threads may run those steps beside each other or beside the engine's threads, and never otherwise.
+builder threads may run those steps beside each other or beside the engine's threads, and never otherwise
+(docs/decisions/0006-one-kernel-parse-at-a-time.md, docs/decisions/0007-triton-helper-modules-loaded-one-at-a-time.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ __all__ = ["building"]
 
 _parse_lock = threading.RLock()
 _module_load_lock = threading.Lock()
+_held: list[Patch] | None = None  # the patches this Triton needs, found at the first build
+_held_lock = threading.Lock()
 
 
 @forget_in_child
@@ -52,7 +55,8 @@ def _patches() -> list[Patch]:
         found.append(Patch(JITFunction, "parse", _one_parse_at_a_time,
                            "Python <= 3.12 shares ast.parse's recursion-depth count across threads "
                            "(python/cpython#106905): parses at once fail with 'AST constructor recursion depth "
-                           "mismatch'. Triton 3.6-3.7 parse a kernel's source at every compile."))
+                           "mismatch'. Triton 3.6-3.7 parse a kernel's source at every compile "
+                           "(docs/decisions/0006-one-kernel-parse-at-a-time.md)."))
     try:
         from triton.runtime import build as triton_build
     except ImportError:  # another Triton: its loads stay as they are
@@ -61,12 +65,8 @@ def _patches() -> list[Patch]:
         found.append(Patch(triton_build, "_load_module_from_path", _one_load_at_a_time,
                            "Triton <= 3.6 loads every launcher under one module name; CPython refills the module "
                            "it finds in sys.modules, so a concurrent load can hand one signature another's launch "
-                           "(docs/decisions: launchers loaded one at a time)."))
+                           "(docs/decisions/0007-triton-helper-modules-loaded-one-at-a-time.md)."))
     return found
-
-
-_held: list[Patch] | None = None
-_held_lock = threading.Lock()
 
 
 @contextlib.contextmanager

@@ -1,12 +1,11 @@
 """Imported by the forkserver that forks Triton build workers (``WorkerPool(preload_first=...)``), never by users:
-first, before ``_triton_warm``, which imports torch and ends the thread begun here.
+first, before ``warm``, which imports torch and ends the thread begun here.
 
-Every worker forked from the forkserver starts with what it imported and computed, instead of each paying seconds
-of CPU. Here the forkserver imports Triton and starts hashing its install on a thread of its own (``triton_key``:
-Triton's sources and its libtriton, hundreds of MB; a first compile needs it). Reads and hashlib release the GIL,
-so the hash runs while the forkserver's main thread imports torch (seconds on the GPU host); before, it came after
-that import, inside the warm-up compile, and held up the workers' start. A failure here only leaves the hash to
-the warm-up compile; an exception escaping this import would kill the forkserver, so none does.
+Here the forkserver imports Triton and starts hashing its install on a thread of its own (``triton_key``: Triton's
+sources and its libtriton, which a first compile needs). Reads and hashlib release the GIL, so the hash runs while
+the forkserver's main thread imports torch, and every worker forked from the forkserver starts with it done
+(docs/decisions/0002-forkserver-preload.md). A failure here only leaves the hash to the warm-up compile; an exception
+escaping this import would kill the forkserver, so none does. Torch-free: the forkserver imports it before torch.
 """
 
 import threading

@@ -20,18 +20,17 @@ from typing import Any
 
 from triton import knobs
 from triton.runtime.autotuner import Autotuner
-from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction, compute_cache_key
 
 from ..._core.build import Build
 from ..._runtime.patching import Patch
 from .autotune import tune_build
 from .build import WarmupRun
-from .driver import compile_only, kernel_name, target
+from .driver import active_driver, compile_only, kernel_name, target
 from .late import note_listed
 from .stand_ins import stand_in
 
-__all__ = ["recording", "recording_active", "triton_builds"]
+__all__ = ["recording", "triton_builds"]
 
 logger = logging.getLogger("buildops")
 
@@ -41,7 +40,7 @@ def _launch_key(jit: JITFunction, args: tuple, kwargs: dict) -> str:
     options = dict(kwargs)
     options["debug"] = options.get("debug", jit.debug) or knobs.runtime.debug
     options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    binder = jit.device_caches[driver.active.get_current_device()][4]
+    binder = jit.device_caches[active_driver().get_current_device()][4]
     _, specialization, options = binder(*args, **options)
     stages_hook = getattr(knobs.runtime, "add_stages_inspection_hook", None)
     if stages_hook is not None:
@@ -58,7 +57,7 @@ class _Recording:
         stand_ins = tuple(stand_in(a) for a in args)
         kwargs = {k: stand_in(v) for k, v in kwargs.items()}
         the_target = target()
-        device = driver.active.get_current_device()
+        device = active_driver().get_current_device()
         key = ("triton", kernel_name(jit), jit.cache_key, _launch_key(jit, stand_ins, kwargs), the_target)
         options = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         label = f"{jit.fn.__name__}[{options}]" if options else jit.fn.__name__
@@ -69,11 +68,6 @@ class _Recording:
 
 
 _recording_var: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("buildops_triton", default=None)
-
-
-def recording_active() -> bool:
-    """Whether launches in this context are being recorded (so nothing compiles)."""
-    return _recording_var.get() is not None
 
 
 def _recording_jit_run(original: Any) -> Any:
@@ -122,7 +116,11 @@ def _configs_to_build(tuner: Autotuner, args: tuple, kwargs: dict) -> list:
 @contextlib.contextmanager
 def recording(op: str) -> Iterator[list[Build]]:
     """Within the block, Triton launches on this thread become builds (appended to the yielded list) instead of
-    compiles and launches. Other threads launch as usual."""
+    compiles and launches. Other threads launch as usual.
+
+    Args:
+        op: the op the builds are reported under.
+    """
     target()  # make sure a driver exists, so the binder can specialize
     recording_ = _Recording(op)
     with _JIT_RUN.applied(), _AUTOTUNER_RUN.applied():
@@ -140,6 +138,12 @@ def triton_builds(op: str, kernel: Any, *args: Any, **kwargs: Any) -> list[Build
     the tuner's early pruning) and ``@triton.heuristics`` (applied as at launch). Tensor arguments may be real or
     fake tensors, :class:`~buildops.TensorSpec`, or torch dtypes. Pass the keyword options (``num_warps``, ...)
     exactly as the real launch does, in the same order: Triton's cache key depends on them.
+
+    Args:
+        op: the op the builds are reported under.
+        kernel: the kernel, as the launch names it.
+        *args: the launch's arguments.
+        **kwargs: the launch's keyword arguments and options.
     """
     with recording(op) as builds:
         kernel.run(*args, grid=(1,), warmup=False, **kwargs)

@@ -11,9 +11,16 @@ from ..._core.specs import TensorSpec
 
 __all__ = ["PointerArg", "stand_in"]
 
+_ALIGNMENT = 16  # Triton specializes a pointer argument on whether data_ptr() is a multiple of this
+
 
 class PointerArg:
-    """What Triton's specialization reads of a tensor argument (its dtype and pointer alignment), without memory."""
+    """What Triton's specialization reads of a tensor argument (its dtype and pointer alignment), without memory.
+
+    Args:
+        dtype: the tensor's dtype.
+        aligned: whether its data pointer is a multiple of 16 bytes.
+    """
 
     __slots__ = ("dtype", "aligned")
 
@@ -22,7 +29,7 @@ class PointerArg:
         self.aligned = aligned
 
     def data_ptr(self) -> int:
-        return 0 if self.aligned else 8  # Triton specializes on data_ptr() % 16
+        return 0 if self.aligned else _ALIGNMENT // 2
 
     def __repr__(self) -> str:
         return f"PointerArg({self.dtype}, aligned={self.aligned})"
@@ -44,7 +51,7 @@ def stand_in(arg: Any) -> Any:
             pointer = arg.storage_offset() * arg.element_size()
         else:
             pointer = arg.data_ptr()
-        return PointerArg(arg.dtype, pointer % 16 == 0)
+        return PointerArg(arg.dtype, pointer % _ALIGNMENT == 0)
     if isinstance(arg, TensorSpec):
         return PointerArg(arg.dtype, True)
     if isinstance(arg, torch.dtype):

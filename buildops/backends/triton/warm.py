@@ -1,7 +1,7 @@
-"""Imported by the forkserver that forks Triton build workers, after ``_triton_preload``, never by users: import
-torch while the hash that module began runs, then compile one small kernel, once, so that every worker forked
-from the forkserver starts with a first compile's one-time costs paid (Triton's install hashed, LLVM loaded,
-ptxas asked its version: 0.4-1 s each otherwise).
+"""Imported by the forkserver that forks Triton build workers, after ``preload``, never by users: import torch
+while the hash that module began runs, then compile one small kernel, once, so that every worker forked from the
+forkserver starts with a first compile's one-time costs paid: Triton's install hashed, LLVM loaded, ptxas asked its
+version (docs/decisions/0002-forkserver-preload.md).
 
 The forkserver forks workers only once its preload is done, and the hash thread ends here first, however the
 torch import ends: no worker is forked with a thread running. Nothing may escape this import: the forkserver

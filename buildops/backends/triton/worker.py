@@ -1,7 +1,8 @@
 """What runs inside a Triton build worker process: compile one kernel variant into the shared Triton cache.
 
-Kept apart from ``buildops.triton`` so that a worker imports only this, Triton, and the kernel's own module.
-Workers never initialise a GPU: they compile for the target each build names through a compile-only driver.
+Kept apart from the rest of the Triton backend, and torch-free at import, so that a worker imports only this,
+Triton, and the kernel's own module. Workers never initialise a GPU: they compile for the target each build names
+through a compile-only driver.
 """
 
 from __future__ import annotations
@@ -11,13 +12,19 @@ import os
 import time
 from typing import Any
 
+# The target a worker compiles for until a build names its own, and that the forkserver warms up for.
+_DEFAULT_BACKEND, _DEFAULT_ARCH, _DEFAULT_WARP_SIZE = "cuda", 90, 32
 
-def start(backend: str = "cuda", arch: int = 90, warp_size: int = 32) -> None:
+_target: tuple[str, int, int] | None = None  # what this process compiles for, once use_target set it
+_warmed_for: tuple[str, int, int] | None = None  # the target a first compile here (or in the forkserver) was for
+
+
+def start(backend: str = _DEFAULT_BACKEND, arch: int = _DEFAULT_ARCH, warp_size: int = _DEFAULT_WARP_SIZE) -> None:
     """Process initializer: compile through a compile-only driver, never touching a GPU (each build names its
     target, :func:`compile_variant`), and pay every one-time cost of a first compile (hashing Triton's install,
     loading LLVM, asking ptxas its version) before any build. A worker forked from a forkserver that ran
-    :func:`warm_up_compiler` for this target has them paid: it compiles nothing here, so that it takes builds
-    at once (16 workers compiling a warm-up kernel each delayed the first builds of a start)."""
+    :func:`warm_up_compiler` for this target has them paid and compiles nothing here, so that it takes builds at
+    once (docs/decisions/0002-forkserver-preload.md)."""
     use_target(backend, arch, warp_size)
     if _warmed_for == _target:
         return
@@ -25,10 +32,6 @@ def start(backend: str = "cuda", arch: int = 90, warp_size: int = 32) -> None:
         _compile_a_small_kernel()
     except Exception:  # noqa: BLE001 - e.g. a Triton without this target's backend: the first build pays instead
         pass
-
-
-_target: tuple[str, int, int] | None = None  # what this process compiles for, once use_target set it
-_warmed_for: tuple[str, int, int] | None = None  # the target a first compile here (or in the forkserver) was for
 
 
 def use_target(backend: str, arch: int, warp_size: int) -> None:
@@ -42,16 +45,14 @@ def use_target(backend: str, arch: int, warp_size: int) -> None:
 
     from .driver import CompileOnlyDriver  # here: this module is imported by the torch-free pool
 
-    compile_only = CompileOnlyDriver(backend, arch)
-    compile_only.target = type(compile_only.target)(backend, arch, warp_size)
-    driver.set_active(compile_only)
+    driver.set_active(CompileOnlyDriver(backend, arch, warp_size))
     _target = (backend, arch, warp_size)
 
 
 def warm_up_compiler() -> None:
-    """Pay Triton's one-time costs for a default target (``cuda:90``) in a process that will fork workers."""
+    """Pay Triton's one-time costs for the default target (``cuda:90``) in a process that will fork workers."""
     global _warmed_for
-    use_target("cuda", 90, 32)
+    use_target(_DEFAULT_BACKEND, _DEFAULT_ARCH, _DEFAULT_WARP_SIZE)
     _compile_a_small_kernel()
     _warmed_for = _target
 
@@ -76,12 +77,13 @@ def ready() -> int:
     return os.getpid()
 
 
-def torch_dtype(name: str):
+def torch_dtype(name: str) -> Any:
+    """The torch dtype called ``name``, imported here: this module is torch-free at import."""
     import torch
     return getattr(torch, name)
 
 
-def _warm_kernel():
+def _warm_kernel() -> Any:
     import triton
     import triton.language as tl
 

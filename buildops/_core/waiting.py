@@ -1,0 +1,52 @@
+"""Waiting for builds: until their futures are done, with progress shown once the wait grows long."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._config import settings
+from .progress import progress_bar
+
+__all__ = ["wait_until_done"]
+
+# How often a progress bar, once shown, is brought up to date.
+REFRESH_SECONDS = 0.2
+# The shortest sleep until the bar is due.
+MIN_STEP_SECONDS = 0.01
+
+
+def wait_until_done(selected: Callable[[], list[concurrent.futures.Future[Any]]], timeout: float | None,
+                    what: str) -> bool:
+    """Wait until every future ``selected()`` returns is done, asking it again at each wake-up (so futures added
+    meanwhile are waited for too); show progress after ``BUILDOPS_PROGRESS_AFTER`` seconds. Returns False if
+    ``timeout`` passed first."""
+    start = time.monotonic()
+    progress_after = settings.progress_after
+    bar = None
+    seen: set[concurrent.futures.Future[Any]] = set()
+    try:
+        while True:
+            futures = selected()
+            pending = [f for f in futures if not f.done()]
+            seen.update(futures)
+            if bar is not None:
+                bar.total = len(seen)
+                bar.n = len(seen) - len(pending)
+                bar.refresh()
+            if not pending:
+                return True
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed >= timeout:
+                return False
+            if bar is None and elapsed >= progress_after:
+                bar = progress_bar(what, len(seen), len(seen) - len(pending))
+            step = REFRESH_SECONDS if bar is not None else max(progress_after - elapsed, MIN_STEP_SECONDS)
+            if timeout is not None:
+                step = min(step, timeout - elapsed)
+            concurrent.futures.wait(pending, timeout=step, return_when=concurrent.futures.FIRST_COMPLETED)
+    finally:
+        if bar is not None:
+            bar.close()

@@ -1,0 +1,118 @@
+"""The runtime layer's own mechanisms: patches, the after-fork registry, hooks; and the core's extension registry."""
+
+import os
+import subprocess
+import sys
+import threading
+import types
+
+import pytest
+
+from buildops._core import extensions
+from buildops._runtime import forking, patching
+from buildops._runtime.hooks import Hooks
+
+from conftest import WAIT
+
+
+def _owner():
+    return types.SimpleNamespace(fn=lambda x: x + 1)
+
+
+def test_a_patch_is_applied_between_the_first_acquire_and_the_last_release():
+    owner = _owner()
+    original = owner.fn
+    patch = patching.Patch(owner, "fn", lambda fn: lambda x: fn(x) * 10, "test")
+    with patch.applied():
+        assert owner.fn(1) == 20 and patch in patching.applied()
+        with patch.applied():
+            assert owner.fn(1) == 20
+        assert owner.fn(1) == 20  # still held by the outer block
+    assert owner.fn is original and patch not in patching.applied()
+    with pytest.raises(RuntimeError, match="released more often than acquired"):
+        patch.release()
+
+
+def test_a_patch_restores_the_attribute_even_when_the_block_raises():
+    owner = _owner()
+    original = owner.fn
+    patch = patching.Patch(owner, "fn", lambda fn: None, "test")
+    with pytest.raises(ValueError), patch.applied():
+        raise ValueError
+    assert owner.fn is original
+
+
+def test_threads_holding_one_patch_at_once_leave_it_as_it_was():
+    owner = _owner()
+    original = owner.fn
+    patch = patching.Patch(owner, "fn", lambda fn: lambda x: -x, "test")
+    start = threading.Barrier(8)
+
+    def hold():
+        start.wait(WAIT)
+        for _ in range(200):
+            with patch.applied():
+                assert owner.fn(3) == -3
+    threads = [threading.Thread(target=hold) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    assert owner.fn is original and not patch.active
+
+
+IMPORT_EVERYTHING = r"""
+import buildops, buildops.capture, buildops.reporting, buildops.startup, buildops.testing
+import buildops.backends.triton, buildops.backends.flashinfer, buildops.backends.deep_gemm
+import buildops.backends.variants
+from buildops.backends.triton import autotune, build, driver, late, patches, record, stand_ins
+import torch, triton
+from triton.runtime.jit import JITFunction
+from buildops._runtime.patching import applied
+assert applied() == [], applied()
+assert torch.cuda.CUDAGraph.capture_begin.__module__ != "buildops.capture"
+assert JITFunction.run.__module__.startswith("triton")
+print("ok")
+"""
+
+
+def test_importing_buildops_patches_nothing():
+    result = subprocess.run([sys.executable, "-c", IMPORT_EVERYTHING], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_every_registered_fork_callback_runs_in_the_child_in_order():
+    calls = []
+    first = forking.forget_in_child(lambda: calls.append("first"))
+    forking.forget_in_child(lambda: calls.append("second"))
+    forking.forget_in_child(first)  # once only
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, ",".join(calls).encode() or b"-")
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 100).decode() == "first,second"
+    os.waitpid(pid, 0)
+    assert calls == []  # never in the parent
+
+
+def test_hooks_run_each_callback_once_in_order():
+    hooks, calls = Hooks("test"), []
+    one = hooks.add(lambda *args: calls.append(("one", args)))
+    hooks.add(lambda *args: calls.append(("two", args)))
+    hooks.add(one)
+    hooks.run(1, 2)
+    assert calls == [("one", (1, 2)), ("two", (1, 2))]
+
+
+def test_extensions_are_loaded_only_for_libraries_in_use(monkeypatch):
+    monkeypatch.setattr(extensions, "_watchers", [])
+    monkeypatch.setattr(extensions, "_recorders", [])
+    extensions.add_late_watcher("no_such_library_here", "no_such_module:watch")
+    extensions.add_launch_recorder("no_such_library_here", "no_such_module:record")
+    assert extensions.late_watchers() == [] and extensions.launch_recorders() == []  # nothing imported
+    extensions.add_late_watcher("os", "os.path:join")
+    assert extensions.late_watchers() == [os.path.join]
+    with pytest.raises(ValueError, match="expected 'module:attribute'"):
+        extensions.add_late_watcher("os", "os.path.join")
