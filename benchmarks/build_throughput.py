@@ -100,8 +100,8 @@ def main() -> None:
     launches = variants()
 
     import buildops
-    from buildops.backends.triton.worker import start
     from buildops.backends.triton import target
+    from buildops.backends.triton.worker import start
 
     t = target()  # a compile-only driver when there is no GPU
     fresh_caches()

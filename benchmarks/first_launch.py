@@ -36,8 +36,9 @@ def main() -> None:
         sys.exit("first_launch.py needs a GPU")
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="buildops-first-launch-")
 
-    import buildops
     from demo_ops import matmul, rmsnorm, softmax
+
+    import buildops
 
     x = torch.randn(args.tokens, 4096, device="cuda", dtype=torch.float16)
     w = torch.randn(4096, device="cuda", dtype=torch.float16)

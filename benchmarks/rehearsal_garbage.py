@@ -20,8 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from buildops.testing import record_listings  # noqa: E402
-from examples.tiny_llm.model import SIZES, TinyLlm  # noqa: E402
+from buildops.testing import record_listings
+
+from examples.tiny_llm.model import SIZES, TinyLlm
 
 
 def rehearse_then_collect(model: TinyLlm, generation: int, frozen: bool = False) -> tuple[float, int, float, int]:

@@ -50,8 +50,8 @@ def start(how: str, size: str, checkpoint: Path, cache: Path, work: Path, env: d
         environ["CUDA_VISIBLE_DEVICES"] = device
     command = [sys.executable, "-m", "examples.tiny_llm", "--start", how, "--size", size,
                "--checkpoint", str(checkpoint), "--json", str(out), *extra]
-    process = subprocess.Popen(command, env=environ, cwd=ROOT, stdout=subprocess.DEVNULL,
-                               stderr=open(work / f"{out.stem}.log", "w"))
+    with open(work / f"{out.stem}.log", "w") as log:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(command, env=environ, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
     process.result_path = out  # type: ignore[attr-defined]
     return process
 
@@ -156,8 +156,9 @@ def main() -> None:
     tune = results["serial build"]["tune_seconds"]
     # What this host's cores were worth today: the builds and the load beside them live under this ceiling,
     # which moves from host to host more than the goal's 10%.
-    from buildops._config import default_workers
     from cpu_ceiling import cpu_ceiling  # this script's folder is on sys.path
+
+    from buildops._config import default_workers
 
     workers = default_workers(cores)
     print(f"\n{args.size} model; {cores} cores ({workers} busy processes did {cpu_ceiling(workers):.1f}x the work of "

@@ -85,6 +85,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     import buildops
     import buildops.startup as startup
+
     import examples.tiny_llm.__main__ as example
 
     checkpoint = Path(tempfile.gettempdir()) / "buildops-tiny-llm" / "base.safetensors"

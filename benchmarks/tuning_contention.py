@@ -26,8 +26,9 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from buildops._runtime.gil import holding as short_switch_interval  # noqa: E402
-from examples.tiny_llm import kernels as K  # noqa: E402
+from buildops._runtime.gil import holding as short_switch_interval
+
+from examples.tiny_llm import kernels as K
 
 CALLS = 30
 

@@ -52,9 +52,10 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from demo_ops import matmul, rmsnorm, softmax
+
     import buildops
     from buildops.backends.triton import target
-    from demo_ops import matmul, rmsnorm, softmax
 
     print(f"buildops demo: {buildops.settings.threads} worker thread(s), executor {buildops.settings.executor}, "
           f"target {target()}, Triton cache {os.environ['TRITON_CACHE_DIR']}")

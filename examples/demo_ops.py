@@ -2,7 +2,8 @@
 
 ``softmax`` and ``matmul`` have no hand-written list: buildops lists them by replaying their own host code on fake
 tensors with Triton launches recorded (the matmul's ``@triton.autotune`` gives one build per config).
-``rmsnorm`` shows a hand-written lister instead, which names its launch with :func:`buildops.backends.triton.triton_builds`.
+``rmsnorm`` shows a hand-written lister instead, which names its launch with
+:func:`buildops.backends.triton.triton_builds`.
 """
 
 from __future__ import annotations
