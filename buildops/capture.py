@@ -71,7 +71,8 @@ def _guarded(original: Any) -> Any:
 
 
 _GUARD = Patch(torch.cuda.CUDAGraph, "capture_begin", _guarded,
-               "torch has no hook before a CUDA graph capture begins; work of another thread would invalidate it")
+               "torch 2.11-2.13 have no hook before a CUDA graph capture begins; a GPU build's work on "
+               "another thread would invalidate it")
 _lock = threading.Lock()
 
 

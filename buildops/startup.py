@@ -13,8 +13,12 @@ starting the build workers early.
             buildops.model_configured(config)  # families that list from the config alone: before allocating
             model = Model(config)
             buildops.model_created(model, config)  # and those that need the model's modules
-        rehearse_then_load(lambda: model(dummy_context_batch) and model(dummy_decode_step),
-                           lambda: load_checkpoint(model))
+
+        def rehearse():
+            model(dummy_context_batch)
+            model(dummy_decode_step)
+
+        rehearse_then_load(rehearse, lambda: load_checkpoint(model))
         with phase("capture graphs"):
             capture_cuda_graphs(model)  # buildops.prepare_graph_capture() already ran
 

@@ -63,6 +63,8 @@ class BuildTimeoutError(RuntimeError):
 
 
 class BuildState(enum.Enum):
+    """Where a build is: queued, building, built, failed (or given up as timed out), or cancelled."""
+
     QUEUED = "queued"
     BUILDING = "building"
     BUILT = "built"

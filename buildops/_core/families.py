@@ -58,6 +58,7 @@ def register_family(family: OpFamily) -> OpFamily:
 
 
 def unregister_family(family: OpFamily) -> None:
+    """Remove a family registered with :func:`register_family` (nothing if it is not registered)."""
     with _lock:
         if family in _families:
             _families.remove(family)

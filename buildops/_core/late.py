@@ -35,6 +35,9 @@ class LateCompileError(RuntimeError):
 
 @dataclass(frozen=True)
 class LateCompile:
+    """One kernel compiled on first use after a pass: which library and kernel, which variant, the ops that listed
+    builds of that kernel (if any), and where in the user's code the compile came from."""
+
     library: str               # "triton", ...
     kernel: str                # module.qualname of the kernel
     variant: str               # the library's description of the specialization that compiled

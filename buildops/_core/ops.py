@@ -53,11 +53,19 @@ class Op(Protocol[P, R_co]):
     def __get__(self, instance: Any, owner: Any = None) -> Any: ...  # a method: bound as the function would be
 
     def lister(self, fn: Lister) -> Lister:
-        """Register the op's lister (see :meth:`_Op.register_lister`)."""
+        """``@op.lister``: register how the op lists its builds; returns ``fn`` unchanged.
+
+        Contract: ``fn`` takes the op's own arguments (``self`` too, for a method) with every tensor replaced by a
+        :class:`~buildops.TensorSpec` at one swept shape and every swept int by its swept value; it returns the
+        :class:`~buildops.Build` objects that shape needs. It must not allocate GPU memory or compile anything.
+        """
         ...
 
     def builds_for(self, *args: Any, **kwargs: Any) -> list[Build]:
-        """The builds the first call with these arguments would list in a pass (see :meth:`_Op.builds_for`)."""
+        """The builds the first call with these arguments would list in a pass, at every swept shape, returned
+        instead of queued (for :class:`~buildops.OpFamily` implementations, which know a model's shapes before
+        any forward). Tensors may be on the ``meta`` device: nothing is allocated. For a method, pass the
+        instance first."""
         ...
 
 

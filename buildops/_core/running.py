@@ -93,7 +93,8 @@ def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int
         config: the op's swept dims.
         dims: more tensors to cut or tile along with a swept dim: ``{"out": 0}`` (dim 0 of ``out`` follows the
             config's only swept spec) or ``{"out": (0, "x.0")}`` (follows the spec named ``"x.0"``).
-        output, name: as for :func:`lists_kernels`.
+        output: as for :func:`lists_kernels`.
+        name: as for :func:`lists_kernels`.
     """
     _refuse_bare_use("builds_by_running", config)
 

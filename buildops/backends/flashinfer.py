@@ -40,6 +40,8 @@ PLAN_LOOKUPS = (
     "flashinfer.decode.get_batch_prefill_module",
     "flashinfer.prefill.get_batch_prefill_module",
 )
+"""The module getters a FlashInfer attention wrapper's ``plan()`` calls: pass them to
+:func:`buildops.backends.variants.variants` to turn a plan into the builds of the modules it needs."""
 
 _GIB = 1 << 30
 # Memory to leave each build running at once: one nvcc of an attention module can take several GiB.
@@ -120,7 +122,7 @@ def watch_late_compiles() -> None:
 
     for cls in [c for c in vars(core).values() if isinstance(c, type) and issubclass(c, core.JitSpec)]:
         if "build" in cls.__dict__:
-            patch = Patch(cls, "build", _reporting_build, "FlashInfer has no hook after a JIT module compiles")
+            patch = Patch(cls, "build", _reporting_build, "FlashInfer 0.7 has no hook after a JIT module compiles")
             patch.acquire()
             _watching.append(patch)
 

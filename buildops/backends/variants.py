@@ -69,7 +69,8 @@ def _patch(lookup: str) -> Patch:
     owner = importlib.import_module(module_name)
     if not hasattr(owner, attribute):
         raise ValueError(f"variants: module {module_name} has no {attribute!r}")
-    return Patch(owner, attribute, _recorder(lookup), "a plan's variant lookups are recorded, not compiled")
+    return Patch(owner, attribute, _recorder(lookup), "a library's plan (FlashInfer 0.7's wrappers) compiles "
+                 "its variant inside the lookup, with no hook to record it instead")
 
 
 @contextlib.contextmanager
@@ -77,7 +78,7 @@ def variants(op: str, *lookups: str) -> Iterator[list[Build]]:
     """Record the calls this thread makes to the named lookups as builds, appended to the yielded list.
 
     The first recorded call ends the block's plan (raising :class:`VariantRecorded`, swallowed here): one plan
-    call, one variant. Queue the builds with a pass's ops or ``builder.submit``.
+    call, one variant. Return the builds from an op's lister or a family's ``builds()``.
 
     Args:
         op: the op the builds are reported under.

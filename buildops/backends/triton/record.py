@@ -96,9 +96,11 @@ def _recording_autotuner_run(original: Any) -> Any:
 
 
 _JIT_RUN = Patch(JITFunction, "run", _recording_jit_run,
-                 "Triton has no hook before a launch compiles: launches are recorded where they would compile")
+                 "Triton 3.6-3.7 have no hook before a launch compiles: launches are recorded where "
+                 "they would compile")
 _AUTOTUNER_RUN = Patch(Autotuner, "run", _recording_autotuner_run,
-                       "an autotuned launch is recorded as one build per config, without benchmarking")
+                       "Triton 3.6-3.7's Autotuner benchmarks every config at its "
+                       "first launch: it is recorded as one build per config instead")
 
 
 def _configs_to_build(tuner: Autotuner, args: tuple, kwargs: dict) -> list:
