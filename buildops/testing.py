@@ -1,15 +1,17 @@
 """Helpers for tests: record what ops list without building anything, and reset buildops between tests.
 
-    from buildops.testing import record_listings
+    from buildops.testing import Signature, record_listings
 
     def test_rmsnorm_lists_one_build_per_pow2_batch():
         with record_listings() as rec:
             rmsnorm(torch.empty(100, 4096, dtype=torch.float16), weight)
         assert [d["x.0"] for d in rec.dims("rmsnorm")] == [1, 2, 4, 8, 16, 32, 64, 100]
+        assert rec.signatures("rmsnorm") == [
+            Signature(x=("float16", "cpu", (None, 4096)), weight=("float16", "cpu", (4096,)), eps=1e-6)]
 
-In a pytest suite, ``from buildops.testing import fresh_buildops`` in ``conftest.py`` gives every test that asks
-for the fixture a process with no builder and no pending builds (settings are the test's own: its environment and
-``settings.scope``).
+In a pytest suite, the ``fresh_buildops`` fixture of buildops' pytest plugin (loaded by pytest wherever buildops is
+installed) gives every test that asks for it a process with no builder and no pending builds (settings are the
+test's own: its environment and ``settings.scope``); ``buildops_listings`` records what the test's ops list.
 """
 
 from __future__ import annotations
@@ -17,21 +19,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ._core import late
 from ._core.build import Build
 from ._core.default import current_builder, shutdown
 from ._core.passes import BuildPass
+from ._core.signatures import ModuleSignature, Signature, TensorSignature, readable
 from ._runtime.hooks import on_reset
 
-__all__ = ["Listing", "ListingRecorder", "fresh_buildops", "record_listings", "reset"]
+__all__ = ["Listing", "ListingRecorder", "ModuleSignature", "Signature", "TensorSignature", "fresh_buildops",
+           "record_listings", "reset"]
 
 logger = logging.getLogger("buildops")
 
 
 @dataclass(frozen=True)
 class Listing:
-    """What one op listed for one swept shape of one call signature."""
+    """What one op listed for one swept shape of one call signature.
+
+    ``signature`` is the call signature as the pass keys it (hashable, not meant to be read);
+    :meth:`ListingRecorder.signatures` gives it in readable form.
+    """
 
     op: str
     signature: Hashable
@@ -71,9 +80,10 @@ class ListingRecorder(BuildPass):
         """The ops that listed anything, in the order they first did."""
         return list(dict.fromkeys(entry.op for entry in self.listings))
 
-    def signatures(self, op: str) -> list[Hashable]:
-        """The distinct call signatures ``op`` listed for, in order."""
-        return list(dict.fromkeys(entry.signature for entry in self.of(op)))
+    def signatures(self, op: str) -> list[Any]:
+        """The distinct call signatures ``op`` listed for, in order, each a :class:`Signature` (a family's listings
+        keep the signature the family gave them)."""
+        return [readable(signature) for signature in dict.fromkeys(entry.signature for entry in self.of(op))]
 
     def dims(self, op: str) -> list[Mapping[str, int]]:
         """The swept shapes ``op`` listed, in order, one per listing."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
@@ -16,7 +16,7 @@ from .._config import settings
 from .._runtime.gpu import worker_stream
 from .build import Build
 from .ops import Lister, Op, Output, P, R, _Op, _op_name, _refuse_bare_use, _transparent, _wrap
-from .specs import BuildConfig, DynamicSpec, SpecError, call_signature, tensor_dims
+from .specs import BuildConfig, DynamicSpec, SpecError, tensor_dims
 
 __all__ = ["builds_by_running"]
 
@@ -30,8 +30,7 @@ class _RunningOp(_Op):
     def builds(self, bound: inspect.BoundArguments, dims: Mapping[str, int]) -> list[Build]:
         device = next((v.device for v in bound.arguments.values() if isinstance(v, torch.Tensor) and v.is_cuda),
                       None)
-        key = ("run", self.name, call_signature(bound.arguments, self.config.swept(bound.arguments)),
-               tuple(sorted(dims.items())))
+        key = ("run", self.name, self.config.signature(bound.arguments), tuple(sorted(dims.items())))
         run = functools.partial(_run_at, self.fn, bound, self.config.shapes(dims), device)
         # not shared across processes: the run compiles into this process, and its key names this process's objects
         return [Build(self.name, key, run, uses_gpu=device is not None, label=f"{self.name} {dict(dims)}",
@@ -81,7 +80,8 @@ def _run_at(fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Ma
 
 
 def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int, str]] | None = None,
-                      output: Output = None, name: str | None = None) -> Callable[[Callable[P, R]], Op[P, R]]:
+                      static: str | Iterable[str] = (), output: Output = None,
+                      name: str | None = None) -> Callable[[Callable[P, R]], Op[P, R]]:
     """Decorate an op whose kernels compile inside its own run (DeepGEMM, JIT-on-first-call code).
 
     In a pass each new call signature queues one real run per swept shape, on the call's arguments cut or tiled
@@ -89,10 +89,16 @@ def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int
     or tiled tensors are copies; other tensor arguments (weights, caches) reach the run as they are, so a tensor
     the op writes into belongs in ``dims`` unless the run may write into the caller's.
 
+    Every argument not swept is part of the call signature, by value for scalars, so ``alpha=2.0`` and
+    ``alpha=3.0`` would make two sets of runs: a run cannot tell what compiled from what merely ran. Name the
+    arguments that do not change what compiles in ``static=``; the runs then take the first call's values.
+
     Args:
         config: the op's swept dims.
         dims: more tensors to cut or tile along with a swept dim: ``{"out": 0}`` (dim 0 of ``out`` follows the
             config's only swept spec) or ``{"out": (0, "x.0")}`` (follows the spec named ``"x.0"``).
+        static: names of arguments left out of the call signature, e.g. ``static=("alpha",)``. Each must be a
+            parameter of the op that is not swept (nor in ``dims``); decorating fails otherwise.
         output: as for :func:`lists_kernels`.
         name: as for :func:`lists_kernels`.
     """
@@ -100,8 +106,14 @@ def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int
 
     def decorate(fn: Callable[P, R]) -> Op[P, R]:
         if not settings.enabled:
-            return _transparent(fn)
-        with_dims = _with_dims(_op_name(fn, name), config, dims)
+            return _transparent(fn, name)
+        op = _op_name(fn, name)
+        with_dims = _with_dims(op, config, dims)
+        if static and isinstance(with_dims, BuildConfig):  # no BuildConfig: _Op's own error says what to pass
+            try:
+                with_dims = with_dims.with_static(static)
+            except (SpecError, TypeError) as error:
+                raise SpecError(f"@builds_by_running on {op}: {error}; e.g. static=('alpha',)") from None
         return _wrap(fn, _RunningOp(fn, with_dims, output, name, "builds_by_running"))
     return decorate
 

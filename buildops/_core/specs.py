@@ -2,13 +2,13 @@
 
 A :class:`DynamicSpec` names one varying dimension (an argument and a dim, or an int argument itself) and how to
 sweep it from the value seen in a call. A :class:`BuildConfig` combines specs: the product of their sweeps, dims
-tied to other dims, a filter, and a cap on the number of combinations. :func:`call_signature` is what identifies a
-call apart from its swept dims: the first call per signature in a build pass lists builds, later ones do not.
+tied to other dims, a filter, and a cap on the number of combinations, and the arguments left out of the call
+signature (``static=``). :meth:`ResolvedConfig.signature` is what identifies a call apart from its swept dims
+(:mod:`.signatures`): the first call per signature in a build pass lists builds, later ones do not.
 """
 
 from __future__ import annotations
 
-import enum
 import inspect
 import itertools
 import math
@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import torch
+
+from .signatures import STATIC, call_signature
 
 __all__ = ["BuildConfig", "DynamicSpec", "SpecError", "TensorSpec"]
 
@@ -204,16 +206,31 @@ class BuildConfig:
         self.specs = tuple(specs)
         self.where = where
         self.max_combinations = max_combinations
+        self.static: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
-        return f"BuildConfig({', '.join(map(repr, self.specs))})"
+        static = f", static={self.static!r}" if self.static else ""
+        return f"BuildConfig({', '.join(map(repr, self.specs))}{static})"
 
     def with_specs(self, *extra: DynamicSpec) -> BuildConfig:
         """A copy with more specs (used for dims that follow a swept one)."""
-        return BuildConfig(*self.specs, *extra, where=self.where, max_combinations=self.max_combinations)
+        copy = BuildConfig(*self.specs, *extra, where=self.where, max_combinations=self.max_combinations)
+        copy.static = self.static
+        return copy
+
+    def with_static(self, names: str | Iterable[str]) -> BuildConfig:
+        """A copy whose call signatures leave out the arguments ``names`` (the decorators' ``static=``): arguments
+        that do not change what compiles. They are checked against the op when it is decorated."""
+        names = (names,) if isinstance(names, str) else tuple(names)
+        bad = [n for n in names if not isinstance(n, str)]
+        if bad:
+            raise SpecError(f"static= takes argument names, got {bad}")
+        copy = self.with_specs()
+        copy.static = tuple(dict.fromkeys((*self.static, *names)))
+        return copy
 
     def resolve(self, op: str, params: list[inspect.Parameter]) -> ResolvedConfig:
-        """Check the specs against an op's parameters, at decoration time."""
+        """Check the specs (and ``static`` names) against an op's parameters, at decoration time."""
         dims = [_Dim(spec, _resolve_arg(op, spec, params)) for spec in self.specs]
         seen: dict[tuple[str, int | None], str] = {}
         for d in dims:
@@ -222,7 +239,16 @@ class BuildConfig:
                 raise SpecError(f"{op}: argument {d.param!r} dim {d.spec.dim} is named by two specs "
                                 f"({seen[where]!r} and {d.spec.key!r}); keep one")
             seen[where] = d.spec.key
-        return ResolvedConfig(op, self, tuple(dims))
+        names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        swept = {d.param: d.spec.key for d in dims}
+        for name in self.static:
+            if name not in names:
+                raise SpecError(f"{op}: static= names {name!r}, which is not a parameter of {op}; its parameters "
+                                f"are {names}")
+            if name in swept:
+                raise SpecError(f"{op}: static= names {name!r}, but {name!r} is swept (spec {swept[name]!r}): a "
+                                f"swept argument is in every build already; take it out of static=")
+        return ResolvedConfig(op, self, tuple(dims), frozenset(self.static))
 
 
 @dataclass(frozen=True)
@@ -232,15 +258,21 @@ class ResolvedConfig:
     op: str
     config: BuildConfig
     dims: tuple[_Dim, ...]
+    static: frozenset[str] = frozenset()
 
     def swept(self, bound: Mapping[str, Any]) -> dict[str, set[int]]:
-        """Per argument, the positions of its dims that vary (``-1`` stands for an int argument itself)."""
-        out: dict[str, set[int]] = {}
+        """Per argument, the positions of its dims that vary (``-1`` stands for an int argument itself, ``STATIC``
+        for an argument named in ``static=``: :func:`.signatures.call_signature` leaves it out)."""
+        out: dict[str, set[int]] = {name: {STATIC} for name in self.static}
         for d in self.dims:
             d.read(self.op, bound)  # a clear error if the argument lacks the dim
             pos = -1 if d.spec.dim is None else d.position(len(bound[d.param].shape))
             out.setdefault(d.param, set()).add(pos)
         return out
+
+    def signature(self, bound: Mapping[str, Any]) -> tuple:
+        """The call signature of a call (its bound arguments, defaults applied)."""
+        return call_signature(bound, self.swept(bound))
 
     def combinations(self, bound: Mapping[str, Any]) -> list[dict[str, int]]:
         """Every combination of dim values to build for this call, each as ``{spec name: value}``."""
@@ -328,40 +360,3 @@ class TensorSpec:
     def meta(self) -> torch.Tensor:
         """A meta tensor of this shape and dtype (no memory)."""
         return torch.empty(self.shape, dtype=self.dtype, device="meta")
-
-
-class _Kind(enum.Enum):
-    TENSOR = "tensor"
-
-
-def _static_key(value: Any) -> Any:
-    """A hashable stand-in for a non-tensor argument: equal for values that make the same kernels."""
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_static_key(v) for v in value))
-    if isinstance(value, dict):
-        return ("dict", tuple(sorted((repr(k), _static_key(v)) for k, v in value.items())))
-    if isinstance(value, torch.Tensor):
-        return (_Kind.TENSOR, value.dtype, value.device.type, tuple(value.shape), value.is_contiguous())
-    try:
-        hash(value)
-    except TypeError:
-        return (type(value).__qualname__, id(value))
-    return value
-
-
-def call_signature(bound: Mapping[str, Any], swept: Mapping[str, set[int]]) -> tuple:
-    """What identifies a call apart from its swept dims: dtypes, devices, ranks, unswept dims, static args.
-
-    Swept dims appear as ``None``; an int argument that is swept appears as ``None``.
-    """
-    parts = []
-    for name, value in bound.items():
-        positions = swept.get(name)
-        if positions is None:
-            parts.append((name, _static_key(value)))
-        elif -1 in positions:
-            parts.append((name, None))
-        else:
-            shape = tuple(None if i in positions else n for i, n in enumerate(value.shape))
-            parts.append((name, (_Kind.TENSOR, value.dtype, value.device.type, shape, value.is_contiguous())))
-    return tuple(parts)
