@@ -22,7 +22,7 @@ from ._core.default import join, shutdown
 from ._core.families import OpFamily, model_configured, model_created, register_family, unregister_family
 from ._core.late import LateCompile, LateCompileError, late_compiles
 from ._core.passes import BuildPass, build_pass, rehearsal
-from .reporting import OpReport, Report, report
+from .reporting import Coverage, ListedNothing, OpReport, Report, report
 
 __version__ = "0.2.0"
 
@@ -67,10 +67,12 @@ __all__ = [
     "BuildState",
     "BuildTimeoutError",
     "ConfigError",
+    "Coverage",
     "DynamicSpec",
     "GraphCaptureDuringBuild",
     "LateCompile",
     "LateCompileError",
+    "ListedNothing",
     "Op",
     "OpFamily",
     "OpReport",

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from buildops import Build
-from buildops.testing import fresh_buildops  # noqa: F401  (the fixture)
 
 WAIT = 10.0  # every wait in the tests has a timeout, so a bug fails instead of hanging
 
@@ -19,7 +18,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _fresh(fresh_buildops, tmp_path, monkeypatch):  # noqa: F811  (the fixture imported above)
+def _fresh(fresh_buildops, tmp_path, monkeypatch):  # fresh_buildops: from buildops' pytest plugin
     # each test its own node-lock dir: tests reuse build keys, and other test runs on the machine may too
     monkeypatch.setenv("BUILDOPS_NODE_LOCKS", str(tmp_path / "node-locks"))
     yield

@@ -26,6 +26,12 @@ class Build:
         ``join(gpu_only=True)`` waits for it.
       * ``run`` may have a ``waited`` attribute: the seconds its call spent waiting for other builds (an
         autotuning for its compiles), which reports count apart from its own time.
+      * ``run`` may have a ``cached`` attribute (``bool | None``), set by the call when it returns: True if the
+        artifact was already in the library's cache (disk or memory) and nothing compiled, False if the call
+        compiled it, None (or absent) if the run cannot tell. Reports split prebuilt builds by it.
+      * ``run`` may have a ``skipped`` attribute (``str | None``), set by the call when it returns: the reason
+        it had nothing to compile (e.g. Triton's interpreter mode runs kernels uncompiled), or None. A skipped
+        build is counted as skipped with its reason, not as prebuilt.
       * ``after`` (serial builds only) names the keys of normal builds this one needs done: the serial worker
         runs it once they are (keys never submitted, or cancelled, count as done). ``run`` need not wait itself.
       * ``run`` may have an ``abandon()`` method: called once, on the watchdog's thread and under no lock, when
@@ -89,7 +95,10 @@ class OpStats:
 class BuildRecord:
     """One build as the builder saw it: ``seconds`` its run took (0 until it ends), ``waited`` of those spent
     waiting for other builds, ``started`` the ``time.perf_counter()`` at which its run began (None if it never
-    ran)."""
+    ran). For a built build, ``cached`` and ``skipped`` are what its run said (the :class:`Build` contract),
+    taken from the run when the record is made unless given: ``cached`` True if the artifact was found already
+    in the library's cache, False if it compiled, None if unknown; ``skipped`` the reason it had nothing to
+    compile, or None."""
 
     build: Build
     state: BuildState
@@ -97,6 +106,19 @@ class BuildRecord:
     waited: float
     started: float | None
     error: BaseException | None
+    cached: bool | None = None
+    skipped: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is not BuildState.BUILT:
+            return
+        run = self.build.run
+        if self.cached is None:
+            cached = getattr(run, "cached", None)
+            object.__setattr__(self, "cached", cached if isinstance(cached, bool) else None)
+        if self.skipped is None:
+            skipped = getattr(run, "skipped", None)
+            object.__setattr__(self, "skipped", str(skipped) if skipped else None)
 
 
 @dataclass(eq=False)

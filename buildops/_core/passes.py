@@ -4,6 +4,10 @@ The current pass lives in a ``ContextVar``, so a pass covers the thread (or task
 Passes nest: every pass remembers the builds queued inside it, but only the outermost decides whether to join at
 its end. A body that raises (``KeyboardInterrupt`` included) cancels the builds queued inside that pass that no
 other pass wants and no worker has started, and the exception propagates.
+
+Coverage: an op whose first call with some signature listed no build at any swept shape has nothing built for that
+signature. The outermost pass names such ops in one warning at its end, and keeps them for the report
+(:func:`listed_nothing`).
 """
 
 from __future__ import annotations
@@ -11,21 +15,75 @@ from __future__ import annotations
 import concurrent.futures
 import contextvars
 import logging
+import threading
 import time
 from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .._config import settings
+from .._runtime.forking import forget_in_child
+from .._runtime.hooks import on_reset
 from . import late
 from .build import Build
 from .builder import Builder
 from .default import current_builder, default_builder
 
-__all__ = ["BuildPass", "active", "build_pass", "current_pass", "rehearsal"]
+__all__ = ["BuildPass", "ListedNothing", "active", "build_pass", "current_pass", "listed_nothing", "rehearsal"]
 
 logger = logging.getLogger("buildops")
 
 _current: contextvars.ContextVar[BuildPass | None] = contextvars.ContextVar("buildops_pass", default=None)
+
+
+@dataclass(frozen=True)
+class ListedNothing:
+    """An op that listed no build, at any swept shape, for ``signatures`` of the call signatures it was first
+    called with in the outermost pass ``pass_name``: nothing was built for those calls."""
+
+    op: str
+    pass_name: str
+    signatures: int
+
+    def describe(self) -> str:
+        return f"op {self.op} listed nothing in pass {self.pass_name!r} for {self.signatures} call signature(s)"
+
+
+def listed_nothing_fixes(op: str) -> str:
+    """Why an op lists nothing, and what to do: the end of the warning a pass gives."""
+    return ("its kernels, if it has any, compile on first use. Likely: its host code launched nothing that buildops "
+            "records on this path (a branch the dummy inputs skip, a torch custom op implemented in C++ "
+            "or CUDA, or a library without a launch recorder), or its lister returned no builds. Make the "
+            f"dummy inputs take the path that launches, register a lister that returns its builds "
+            f"(@{op.split('.')[-1]}.lister), or leave undecorated an op that has nothing to build")
+
+
+class _ListedNothingLog:
+    """The ops that listed nothing in the outermost passes ended so far, until ``buildops.testing.reset``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: list[ListedNothing] = []
+
+
+_listed_nothing = _ListedNothingLog()
+
+
+@forget_in_child
+def _new_lock() -> None:
+    _listed_nothing.lock = threading.Lock()
+
+
+@on_reset.add
+def _forget_listed_nothing() -> None:
+    with _listed_nothing.lock:
+        _listed_nothing.entries.clear()
+
+
+def listed_nothing() -> list[ListedNothing]:
+    """Every op that listed nothing in an outermost pass ended so far (one entry per op and pass), in order."""
+    with _listed_nothing.lock:
+        return list(_listed_nothing.entries)
 
 
 def current_pass() -> BuildPass | None:
@@ -63,6 +121,8 @@ class BuildPass:
         self.futures: list[concurrent.futures.Future] = []
         self._seen: set[tuple[Any, Hashable]] = set()
         self._first: set[tuple[Any, Hashable]] = set()  # first calls made inside this pass (its nested ones too)
+        # The outermost pass's: per (op, signature) taken in it or nested passes, whether any build was listed
+        self._listed: dict[tuple[str, Hashable], bool] = {}
         self._builder: Builder | None = None
         self._token: contextvars.Token[BuildPass | None] | None = None
         self._active = False
@@ -95,8 +155,24 @@ class BuildPass:
         self._first.add(key)
         return True
 
+    @property
+    def outermost(self) -> BuildPass:
+        """The pass that encloses this one and is enclosed by none (this one, if it is not nested)."""
+        node = self
+        while node.parent is not None:
+            node = node.parent
+        return node
+
     def take(self, op: str, signature: Hashable, dims: Mapping[str, int], builds: Iterable[Build]) -> list:
-        """Queue the builds an op listed for one swept shape; return their futures."""
+        """Queue the builds an op listed for one swept shape; return their futures.
+
+        Called once per swept shape of each first call (an empty ``builds`` included), so that the outermost pass
+        knows which call signatures listed nothing at all. A subclass that overrides it (a recorder) keeps no
+        such count.
+        """
+        builds = list(builds)
+        listed = self.outermost._listed
+        listed[(op, signature)] = listed.get((op, signature), False) or bool(builds)
         builder = self._builder
         if builder is None or builder.closed:  # buildops.shutdown() ran inside the pass: on with the new builder
             builder = default_builder()
@@ -115,6 +191,7 @@ class BuildPass:
             return self
         # Entered again (a retry after a body that raised): a new pass, listing from nothing.
         self.futures, self._seen, self._first, self._builder = [], set(), set(), None
+        self._listed = {}
         self.parent = current_pass()
         self._token = _current.set(self)
         self._active = True
@@ -141,6 +218,7 @@ class BuildPass:
         if self.parent is not None:
             self.parent._first.update(self._first)
             return
+        self._report_listed_nothing()
         if self.join_at_exit and builder is not None and builder is current_builder():
             wanted = set(self.futures)
             builder.wait(lambda r: r.future in wanted, what=f"builds of pass {self.name!r}")
@@ -152,6 +230,27 @@ class BuildPass:
                     time.perf_counter() - self._started, len(futures),
                     f", {failed} failed or given up: their ops compile on first use" if failed else "",
                     "" if self.join_at_exit else ", still building")
+
+
+    def _report_listed_nothing(self) -> None:
+        """Keep, and name in one warning, the ops whose first calls in this (outermost) pass listed nothing."""
+        counts: dict[str, int] = {}
+        for (op, _), listed in self._listed.items():
+            if not listed:
+                counts[op] = counts.get(op, 0) + 1
+        self._listed = {}
+        if not counts:
+            return
+        entries = [ListedNothing(op, self.name, n) for op, n in counts.items()]
+        with _listed_nothing.lock:
+            _listed_nothing.entries.extend(entries)
+        if len(entries) == 1:
+            what, fixes = entries[0].describe(), listed_nothing_fixes(entries[0].op)
+        else:
+            ops = ", ".join(f"{e.op} ({e.signatures})" for e in entries)
+            what = f"{len(entries)} ops listed nothing in pass {self.name!r} (call signatures): {ops}"
+            fixes = listed_nothing_fixes("<op>")
+        logger.warning("buildops: %s; %s", what, fixes)
 
 
 def build_pass(name: str) -> BuildPass:

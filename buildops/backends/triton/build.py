@@ -60,12 +60,18 @@ def hash_triton_install() -> None:
 
 
 class WarmupRun:
-    """A build's run: ``JITFunction.warmup`` with the recorded launch's arguments; on a GPU, also load the module."""
+    """A build's run: ``JITFunction.warmup`` with the recorded launch's arguments; on a GPU, also load the module.
+
+    Once it returns, ``cached`` (the ``Build`` contract) says whether the variant compiled (False) or was in
+    Triton's cache already (True), as the worker process or, without one, this thread's compile saw it.
+    """
 
     def __init__(self, jit: JITFunction, args: tuple, kwargs: dict, device: int, the_target: GPUTarget) -> None:
         self.jit, self.args, self.kwargs, self.device, self.target = jit, args, kwargs, device, the_target
         self.given_up = threading.Event()
         self._in_worker = False
+        self.cached: bool | None = None
+        self.skipped: str | None = None
 
     def abandon(self) -> None:
         """Given up as timed out (``Build`` contract): stop the workers if the compile is stuck in one."""
@@ -74,27 +80,41 @@ class WarmupRun:
             workers.stop_workers()
 
     def __call__(self) -> Any:
+        compiled: bool | None = None  # by a worker process: None where none compiled it
         if triton_executor() == "processes":
             reference = picklable_reference(self.jit, self.args, self.kwargs)
             if reference is not None:
                 self._in_worker = True
                 try:
-                    compile_in_process(reference, self.args, self.kwargs, self.target, self.given_up)
+                    compiled = compile_in_process(reference, self.args, self.kwargs, self.target, self.given_up)
                 finally:
                     self._in_worker = False
         # Only after the worker's compile, which did not need this process's hash of the install.
         hash_triton_install()
         with building():
             if compile_only():
-                return self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
+                with worker.watching_compiles() as compiles:
+                    kernel = self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
+                self.cached = self._cached(compiled, compiles)
+                return kernel
             with torch.cuda.device(self.device):
-                kernel = self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
+                with worker.watching_compiles() as compiles:
+                    kernel = self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
+                self.cached = self._cached(compiled, compiles)
                 _make_launcher(kernel)
                 # One load at a time: loads contending for the driver only slow each other
                 # (docs/decisions/0015-launchers-once-per-signature.md).
                 with _load_lock:
                     kernel._init_handles()
             return kernel
+
+    @staticmethod
+    def _cached(compiled_in_worker: bool | None, compiles: list[bool | None]) -> bool | None:
+        """Whether the variant was found cached: as its worker saw it, where one ran the compile (this thread then
+        only loaded the worker's artifact from disk), else as this thread's compiles did."""
+        if compiled_in_worker is not None:
+            return not compiled_in_worker
+        return worker.found_cached(compiles)
 
 
 def _make_launcher(kernel: Any) -> None:
@@ -156,14 +176,17 @@ def picklable_reference(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[st
 
 
 def compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict, the_target: GPUTarget,
-                       given_up: threading.Event | None = None) -> None:
+                       given_up: threading.Event | None = None) -> bool | None:
     """Compile in a worker process (crashes: see ``WorkerPool.run``); a kernel the worker cannot import is left to
-    the calling thread's own warmup."""
+    the calling thread's own warmup. Returns whether the worker compiled (False: it found the variant cached),
+    or None where it did not say or could not import the kernel."""
     module, qualname = reference
     try:
-        workers.run(f"{module}.{qualname}", worker.compile_variant, module, qualname, args, kwargs,
-                    knobs.cache.dir, (the_target.backend, the_target.arch, the_target.warp_size),
-                    given_up=given_up)
+        compiled = workers.run(f"{module}.{qualname}", worker.compile_variant, module, qualname, args, kwargs,
+                               knobs.cache.dir, (the_target.backend, the_target.arch, the_target.warp_size),
+                               given_up=given_up)
     except (ImportError, AttributeError):
         logger.debug("buildops: worker cannot import %s.%s; building it in a thread", module, qualname,
                      exc_info=True)
+        return None
+    return compiled if isinstance(compiled, bool) else None

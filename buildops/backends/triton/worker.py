@@ -7,10 +7,15 @@ through a compile-only driver.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import os
-import time
+import threading
+from collections.abc import Iterator
 from typing import Any
+
+from ..._runtime.patching import Patch
 
 # The target a worker compiles for until a build names its own, and that the forkserver warms up for.
 _DEFAULT_BACKEND, _DEFAULT_ARCH, _DEFAULT_WARP_SIZE = "cuda", 90, 32
@@ -102,14 +107,79 @@ def resolve(module: str, qualname: str) -> Any:
 
 
 def compile_variant(module: str, qualname: str, args: tuple, kwargs: dict, cache_dir: str,
-                    target: tuple[str, int, int]) -> float:
-    """Compile one variant for ``target`` (backend, arch, warp size) into ``cache_dir``; returns the seconds it
-    took. The parent then loads it from disk."""
+                    target: tuple[str, int, int]) -> bool | None:
+    """Compile one variant for ``target`` (backend, arch, warp size) into ``cache_dir``. Returns whether it
+    compiled: False where the variant was in Triton's cache already (on disk, or in this worker's memory), None
+    where Triton does not say. The parent then loads it from disk."""
     from .driver import inner_jit
 
     use_target(*target)
     os.environ["TRITON_CACHE_DIR"] = cache_dir
     jit = inner_jit(resolve(module, qualname))
-    start_time = time.perf_counter()
-    jit.warmup(*args, grid=(1,), **kwargs)
-    return time.perf_counter() - start_time
+    with watching_compiles() as compiles:
+        jit.warmup(*args, grid=(1,), **kwargs)
+    cached = found_cached(compiles)
+    return None if cached is None else not cached
+
+
+# -- whether a build compiled or found its artifact cached ----------------------------------------------------
+
+_watched = threading.local()  # .compiles: what this thread's watched block saw, or None outside one
+
+
+class _CompileListener:
+    """buildops' ``knobs.compilation.listener``: calls the listener it replaced, then notes ``cache_hit`` for
+    the thread watching its compiles (:func:`watching_compiles`), if this is one."""
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def __call__(self, **kwargs: Any) -> None:
+        if self.previous is not None:
+            self.previous(**kwargs)
+        compiles = getattr(_watched, "compiles", None)
+        if compiles is not None:
+            hit = kwargs.get("cache_hit")
+            compiles.append(hit if isinstance(hit, bool) else None)
+
+
+@functools.cache
+def _listener_patch() -> Patch | None:
+    """The patch of Triton's compilation listener (made on first use: this module imports no Triton at import),
+    or None where this Triton has no such knob."""
+    from triton import knobs
+
+    compilation = getattr(knobs, "compilation", None)
+    if compilation is None or not hasattr(compilation, "listener"):
+        return None
+    return Patch(compilation, "listener", _CompileListener,
+                 "Triton 3.6-3.7 tell whether a compile found its artifact in the cache only to the process-wide "
+                 "knobs.compilation.listener: buildops' listener, installed while builds compile, notes it for "
+                 "the building thread and calls the listener it replaced")
+
+
+@contextlib.contextmanager
+def watching_compiles() -> Iterator[list[bool | None]]:
+    """Within the block, each Triton compile this thread runs appends to the yielded list whether it found its
+    artifact in Triton's disk cache (True), compiled (False), or None where Triton does not say. A kernel found
+    in the ``JITFunction``'s memory reaches no compile and appends nothing. Other threads are not watched."""
+    patch = _listener_patch()
+    compiles: list[bool | None] = [] if patch is not None else [None]  # no listener: unknown
+    outer = getattr(_watched, "compiles", None)
+    _watched.compiles = compiles
+    if patch is not None:
+        patch.acquire()
+    try:
+        yield compiles
+    finally:
+        if patch is not None:
+            patch.release()
+        _watched.compiles = outer
+
+
+def found_cached(compiles: list[bool | None]) -> bool | None:
+    """What a watched block's compiles say of a build (the ``Build`` contract's ``cached``): False if one
+    compiled, True if all found their artifact cached (none at all: it was in memory), None if one cannot say."""
+    if False in compiles:
+        return False
+    return None if None in compiles else True
