@@ -3,8 +3,7 @@ starting the build workers early.
 
     from buildops.startup import phase, rehearse_then_load, start_build_workers
 
-    if __name__ == "__main__":         # worker processes import the main module too
-        start_build_workers()          # first thing, before importing torch: workers take seconds to start
+    start_build_workers()              # first thing, before importing torch: workers take seconds to start
 
     import torch                       # and the engine's other imports
 
@@ -77,7 +76,7 @@ def start_build_workers() -> bool:
     once the engine has imported torch and Triton. Nothing here touches a GPU. The workers run below this process's
     CPU priority (``BUILDOPS_WORKER_NICE``).
 
-    Call it under ``if __name__ == "__main__":`` (workers import the main module as they start), after setting
+    No main guard is needed (build workers never import the main module). Call it after setting
     ``TRITON_CACHE_DIR`` if the engine sets it (the helper's process reads it now; if the engine moves the cache
     later, the background thread builds the module there). Calling it again starts workers shut down since; the
     helper and the hash run once per process.

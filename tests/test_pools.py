@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from buildops._runtime.pools import WorkerPool
 
 GIVEN_UP = "buildops: stuck was given up, and its test worker stopped"
@@ -110,7 +112,7 @@ def test_shutdown_with_a_timeout_does_not_wait_for_a_worker_still_building():
         pool.shutdown()
 
 
-def test_the_forkserver_imports_the_first_modules_before_the_others_and_keeps_what_was_asked():
+def test_the_forkserver_imports_the_first_modules_before_the_others_and_keeps_what_was_asked_but_main():
     from multiprocessing import forkserver
 
     from buildops._runtime.pools import _context
@@ -120,7 +122,7 @@ def test_the_forkserver_imports_the_first_modules_before_the_others_and_keeps_wh
     try:
         server._preload_modules = ["__main__", "someone_elses"]
         _context(("torch", "late"), ("early",))
-        assert server._preload_modules == ["early", "__main__", "someone_elses", "torch", "late"]
+        assert server._preload_modules == ["early", "someone_elses", "torch", "late"]  # the workers import no main
     finally:
         if saved is None:
             del server._preload_modules
@@ -131,7 +133,7 @@ def test_the_forkserver_imports_the_first_modules_before_the_others_and_keeps_wh
 TRITON_PRELOAD = r"""
 import sys, threading
 from buildops.backends.triton.pool import FORKSERVER_PRELOAD, FORKSERVER_PRELOAD_FIRST
-for name in FORKSERVER_PRELOAD_FIRST:  # as the forkserver does: in order, before the main module
+for name in FORKSERVER_PRELOAD_FIRST:  # as the forkserver does: in order
     __import__(name)
 from buildops.backends.triton import preload as _triton_preload
 hashing_meanwhile = _triton_preload.hashing is not None and "torch" not in sys.modules
@@ -294,3 +296,218 @@ def test_the_process_exits_though_a_worker_is_stuck_in_a_build(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]  # not held for the stuck task's 600 s
+
+
+def main_module_of_this_process():
+    """What a worker has of the parent's main module (run in a worker: importable from here)."""
+    import sys
+    return [getattr(sys.modules.get(name), "__file__", None) for name in ("__main__", "__mp_main__")]
+
+
+def test_workers_spawned_or_forked_from_the_forkserver_do_not_import_the_main_module():
+    import sys
+    assert getattr(sys.modules["__main__"], "__file__", None)  # pytest's, which workers would import otherwise
+    for pool in (WorkerPool("test", lambda: 1), WorkerPool("test", lambda: 1, preload=("json",))):
+        try:
+            assert pool.run("its main module", main_module_of_this_process) == [None, None]
+        finally:
+            pool.shutdown()
+
+
+def test_only_the_thread_starting_a_worker_leaves_the_main_module_out_of_the_preparation_data():
+    import multiprocessing.spawn
+    import threading
+
+    from buildops._runtime import pools
+
+    original = multiprocessing.spawn.get_preparation_data
+    theirs = {}
+    ours_started, theirs_done = threading.Event(), threading.Event()
+
+    def another_user_of_multiprocessing():
+        assert ours_started.wait(30)
+        theirs.update(multiprocessing.spawn.get_preparation_data("theirs"))
+        theirs_done.set()
+
+    other = threading.Thread(target=another_user_of_multiprocessing)
+    other.start()
+    with pools._keeping_main_out():
+        ours = multiprocessing.spawn.get_preparation_data("ours")
+        ours_started.set()
+        assert theirs_done.wait(30)  # prepared while ours starts
+    other.join(30)
+    assert not set(pools._MAIN_KEYS) & set(ours)
+    assert set(pools._MAIN_KEYS) & set(theirs)  # their children still import the main module, as they expect
+    assert multiprocessing.spawn.get_preparation_data is original and not pools._PREPARATION.active
+
+
+def test_a_call_that_names_something_of_the_main_module_is_refused_before_any_worker_starts(monkeypatch):
+    import __main__
+
+    import pool_tasks
+
+    class FromMain:
+        pass
+
+    FromMain.__module__, FromMain.__qualname__ = "__main__", "FromMain"
+    monkeypatch.setattr(__main__, "FromMain", FromMain, raising=False)  # it pickles, but workers cannot find it
+    pool = WorkerPool("test", lambda: 1)
+    with pytest.raises(ImportError, match="a call passes FromMain of the main module to a test worker"):
+        pool.run("a call", pool_tasks.slow, FromMain())
+    assert not pool.started
+
+
+# A worker that imports the main module all the same (where another library started the forkserver with it
+# preloaded), here by undoing what keeps it out; the module starts builds as it is imported.
+MAIN_IN_WORKERS = r"""
+import contextlib, json, os, time
+import buildops._runtime.pools as pools
+import pool_tasks
+
+pools._keeping_main_out = contextlib.nullcontext
+pool = pools.WorkerPool("test", lambda: 2)
+began = time.monotonic()
+errors = []
+for call in ("first", "second"):
+    try:
+        pool.run(call, pool_tasks.slow, 0)
+    except RuntimeError as error:
+        errors.append(str(error))
+seconds = time.monotonic() - began
+warming = pools.WorkerPool("warming", lambda: 1, warm_up=os.getpid)
+warming.get()  # its workers start and warm up, with no call
+while warming._main_ran is None and time.monotonic() < began + 60:
+    time.sleep(0.1)
+print(json.dumps({"errors": errors, "seconds": seconds, "noticed without a call": warming._main_ran is not None}))
+pool.shutdown()
+warming.shutdown()
+"""
+
+
+def test_a_worker_that_imports_a_main_module_starting_builds_fails_the_call_at_once_with_the_fix(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = tmp_path / "main_in_workers.py"
+    script.write_text(MAIN_IN_WORKERS)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.splitlines()[-1])
+    fix = (f"buildops: test workers imported {script} as they started, and it starts builds as it is imported; "
+           'put that code under `if __name__ == "__main__":`')
+    assert [e[:len(fix)] for e in outcome["errors"]] == [fix, fix], outcome  # the second without a worker
+    assert outcome["seconds"] < 60  # not a build timeout
+    assert outcome["noticed without a call"]  # where workers are started early, the error is logged then
+    assert "which starts builds as it is imported; the worker exits" in done.stderr
+    assert "crashed" not in done.stderr  # not retried as a crash
+
+
+NO_GUARD = r"""
+import json, os
+import torch
+import triton
+import triton.language as tl
+
+import buildops
+from buildops import BuildConfig, DynamicSpec, lists_kernels
+from buildops.backends.triton.pool import workers
+import triton_kernels
+
+with open(os.environ["RUNS_FILE"], "a") as runs:  # module-level code: run once, by this process alone
+    runs.write(f"{os.getpid()}\n")
+
+
+@triton.jit
+def _negate_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offsets, -tl.load(x_ptr + offsets, mask=offsets < n), mask=offsets < n)
+
+
+@lists_kernels(BuildConfig(DynamicSpec("x", dim=0, sweep=[16, 64])), output="x")
+def negate(x):
+    out = torch.empty_like(x)
+    _negate_kernel[(1,)](x, out, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    return out
+
+
+in_workers = []
+run_in_worker = workers.run
+
+
+def counted(what, *args, **kwargs):
+    done = run_in_worker(what, *args, **kwargs)
+    in_workers.append(what)
+    return done
+
+
+workers.run = counted
+with buildops.build_pass("no guard"):  # at module level, with no `if __name__ == "__main__":`
+    triton_kernels.double_rows(torch.zeros(64, 32))
+    negate(torch.zeros(64))
+report = buildops.report()
+print(json.dumps({"listed": report.total("listed"), "built": report.total("built"),
+                  "failed": report.total("failed"), "in_workers": in_workers,
+                  "ops": sorted(op.op for op in report.ops)}))
+buildops.shutdown()
+"""
+
+
+def run_with_worker_processes(script, tmp_path, timeout=120):
+    """``script`` run as the main script, with Triton builds forced into two worker processes; bounded by
+    ``timeout`` (a stall fails the test)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = dict(os.environ, BUILDOPS_EXECUTOR="processes", BUILDOPS_THREADS="2",
+               TRITON_CACHE_DIR=str(tmp_path / "triton-cache"), RUNS_FILE=str(tmp_path / "runs"),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path)
+
+
+def test_a_script_whose_pass_runs_at_module_level_builds_in_workers_and_runs_once(tmp_path):
+    import json
+    pytest.importorskip("triton")
+    script = tmp_path / "no_guard.py"
+    script.write_text(NO_GUARD)
+    done = run_with_worker_processes(script, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.splitlines()[-1])
+    assert outcome["ops"] == ["double_rows", "negate"], outcome
+    assert outcome["failed"] == 0 and outcome["built"] == outcome["listed"] >= 4, (outcome, done.stderr[-3000:])
+    # the importable kernel's builds compiled in the workers; the script's own kernel, on threads
+    assert outcome["in_workers"] and set(outcome["in_workers"]) == {"triton_kernels.rows_kernel"}, outcome
+    assert len((tmp_path / "runs").read_text().split()) == 1  # the module-level code ran once, here alone
+
+
+def readme_example(guarded: bool) -> str:
+    """The README's example (its one fenced python block), as written, or with its main guard's block run at
+    module level, after starting the build workers there."""
+    import re
+    import textwrap
+    from pathlib import Path
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    [example] = re.findall(r"^```python\n(.*?)^```", readme, re.S | re.M)
+    if guarded:
+        return example
+    unguarded = re.sub(r'^if __name__ == "__main__":[^\n]*\n((?:(?:    [^\n]*)?\n)+)',
+                       lambda block: textwrap.dedent(block.group(1)), example, flags=re.M)
+    return "from buildops.startup import start_build_workers\nassert start_build_workers()\n" + unguarded
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["as written", "without its main guard"])
+def test_the_readme_example_runs_with_worker_processes(tmp_path, guarded):
+    import re
+    pytest.importorskip("triton")
+    script = tmp_path / "example.py"
+    script.write_text(readme_example(guarded))
+    done = run_with_worker_processes(script, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert sum(line.startswith("softmax ") for line in lines) == 1, done.stdout  # the report's row, printed once
+    assert not [line for line in lines if line.startswith("failed:")], done.stdout
+    assert "as it is imported" not in done.stderr, done.stderr[-3000:]  # no worker ran the example
+    prebuilt = [int(m.group(1)) for m in map(re.compile(r"triton: (\d+) kernel\(s\) prebuilt").match, lines) if m]
+    assert prebuilt and prebuilt[0] > 0, done.stdout

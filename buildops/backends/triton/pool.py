@@ -9,10 +9,9 @@ from .worker import ready, start
 
 __all__ = ["FORKSERVER_PRELOAD", "FORKSERVER_PRELOAD_FIRST", "workers"]
 
-# What the forkserver that forks the workers imports: Triton, with its install's hash begun on a thread; then
-# torch, meanwhile, and a first compile once that hash is done. Python's forkserver imports its preload list in
-# order, "__main__" (the default, kept between the two) aside: Python 3.11 and 3.12 import no main module there,
-# newer ones import it before the whole list.
+# What the forkserver that forks the workers imports, in order: Triton, with its install's hash begun on a thread;
+# then torch, meanwhile, and a first compile once that hash is done. Never the main module: the pool keeps it out of
+# the forkserver's list and out of what each worker is told to import, so a script's module-level code runs once.
 FORKSERVER_PRELOAD_FIRST = ("buildops.backends.triton.preload",)
 FORKSERVER_PRELOAD = ("buildops.backends.triton.warm",)
 
