@@ -70,8 +70,8 @@ def test_builds_shared_across_ops_run_once(runs):
     def lister(x):
         return [runs.build("any", ("the-kernel", x.dtype))]
 
-    first = lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")))(lambda x: x)
-    second = lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")))(lambda x: x)
+    first = lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x")(lambda x: x)
+    second = lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x")(lambda x: x)
     first.lister(lister)
     second.lister(lister)
     with build_pass("warmup"):
@@ -337,7 +337,7 @@ def test_sixteen_threads_calling_ops_while_builds_run(runs):
 def test_a_lister_receives_swept_ints_and_keyword_arguments():
     seen = []
     op = lists_kernels(BuildConfig(DynamicSpec("tokens", None, sweep=[16, 32]),
-                                   DynamicSpec("x", 0, follows="tokens")))(lambda x, *, tokens, mode="a": x)
+                                   DynamicSpec("x", 0, follows="tokens")), output="x")(lambda x, *, tokens, mode="a": x)
     op.lister(lambda x, *, tokens, mode: seen.append((x.shape, tokens, mode)) or [])
     with record_listings() as rec:
         op(torch.empty(5, 2), tokens=5, mode="b")

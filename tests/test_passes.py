@@ -15,7 +15,7 @@ from conftest import WAIT
 
 def op_listing(runs, name="op", **build_kwargs):
     """An op with one build per call signature: key (name, x.shape[1]); dim 0 is swept "exact"."""
-    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), name=name)
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x", name=name)
     def op(x):
         return x
 

@@ -106,7 +106,9 @@ def test_replay_lists_the_kernels_of_each_swept_shape(fresh_triton):
         assert torch.equal(K.double_rows(torch.ones(40, 100)), torch.zeros(40, 100))
     assert [d["x.0"] for d in rec.dims("double_rows")] == [1, 16, 64]
     labels = [b.label for listing in rec.of("double_rows") for b in listing.builds]
-    assert labels == ["rows_kernel[BLOCK_M=16, BLOCK_N=128]"] * 2 + ["rows_kernel[BLOCK_M=64, BLOCK_N=128]"]
+    assert labels == ["rows_kernel[fp32, n_rows=1, BLOCK_M=16, BLOCK_N=128]",  # a label per build
+                      "rows_kernel[fp32, n_rows%16=0, BLOCK_M=16, BLOCK_N=128]",
+                      "rows_kernel[fp32, n_rows%16=0, BLOCK_M=64, BLOCK_N=128]"]
     keys = rec.keys("double_rows")
     assert keys[0] != keys[1]  # n_rows == 1 specializes as a constexpr
     assert fresh_triton == [] and JITFunction.run is ORIGINAL_JIT_RUN  # nothing compiled, nothing left patched
@@ -167,7 +169,7 @@ def test_replay_runs_on_meta_tensors_and_on_fake_ones_where_the_host_code_needs_
     with record_listings() as rec:
         cpu_only_rows(torch.ones(40, 100))
     assert [b.label for listing in rec.of("cpu_only_rows") for b in listing.builds] == [
-        "rows_kernel[BLOCK_M=16, BLOCK_N=128]"]
+        "rows_kernel[fp32, n_rows%16=0, BLOCK_M=16, BLOCK_N=128]"]
     assert modes == [1]
 
 

@@ -10,35 +10,47 @@ Per call:
   * Inside a pass, the first call per call signature sweeps the op's dims, lists the builds for each swept shape,
     hands them to the pass, and returns the op's placeholder output; later calls with that signature in the pass
     return the placeholder only.
+
+Names: an op's default name is its function's qualified name as it reads in code (``make.<locals>.rmsnorm`` reads
+``rmsnorm``); where another live op of another function already has that name, it is qualified by module
+(``pkg.b.matmul``), so two ops never share a row of a report, a recorder's entry or a ``join(op=...)``. A function
+decorated again (a module reloaded, a test's factory called twice) is the same op, and keeps its name.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import inspect
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from types import EllipsisType
 from typing import Any, ParamSpec, Protocol, TypeAlias, TypeVar, cast
 
 import torch
 import wrapt
 
 from .._config import settings
+from .._runtime.forking import forget_in_child
 from .build import Build
 from .builder import on_builder_thread
 from .default import current_builder
-from .listing import replay
+from .listing import materialize, output_template, replay
 from .passes import BuildPass, _current, active
-from .specs import BuildConfig, SpecError, TensorSpec, call_signature, tensor_dims
+from .signatures import call_signature
+from .specs import BuildConfig, ResolvedConfig, SpecError, TensorSpec, tensor_dims
 
 logger = logging.getLogger("buildops")
 
 __all__ = ["lists_kernels"]
 
-Output: TypeAlias = str | Callable[..., Any] | None
+# ``...`` (the default of @lists_kernels): the placeholder is inferred from a replay of the op's host code
+Output: TypeAlias = str | Callable[..., Any] | EllipsisType | None
 Lister: TypeAlias = Callable[..., Iterable[Build]]
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,7 +58,11 @@ R_co = TypeVar("R_co", covariant=True)
 
 
 class Op(Protocol[P, R_co]):
-    """What a decorator returns: the op, called as the function it wraps, with two attributes of its own."""
+    """What a decorator returns: the op, called as the function it wraps, with three attributes of its own."""
+
+    #: the op's name in reports, recorders and ``join(op=...)``: the function's qualified name, qualified by
+    #: module where another op has it (or ``name=``)
+    op_name: str
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
 
@@ -69,16 +85,100 @@ class Op(Protocol[P, R_co]):
         ...
 
 
-def _is_method(fn: Callable) -> bool:
-    """A function whose first parameter is ``self`` or ``cls``: defined in a class body, or assigned into one
-    (``forward = rms_forward``). Called through an instance, it gets that instance from wrapt, not in ``args``."""
+def _looks_like_method(fn: Callable) -> bool:
+    """Whether ``fn`` takes the instance first, as far as decoration can tell: its first parameter is named ``self``
+    or ``cls``. Only a guess, for the checks made at decoration; calls settle it (:meth:`_Op._bind`). A class body
+    is no better clue: a ``staticmethod`` is defined there too, and its first parameter is the call's own."""
     params = list(inspect.signature(fn).parameters)
     return bool(params) and params[0] in ("self", "cls")
 
 
-def _op_name(fn: Callable, name: str | None) -> str:
+def _short_name(fn: Callable) -> str:
     # "make.<locals>.rmsnorm" reads as "rmsnorm"; "Attention.forward" stays as it is
-    return name or getattr(fn, "__qualname__", repr(fn)).rpartition("<locals>.")[2]
+    return getattr(fn, "__qualname__", repr(fn)).rpartition("<locals>.")[2]
+
+
+def _op_name(fn: Callable, name: str | None) -> str:
+    """The op's name as its errors at decoration give it: ``name=``, else the function's short qualified name."""
+    return name or _short_name(_described(fn))
+
+
+def _described(fn: Callable) -> Callable:
+    """The function whose signature and name describe ``fn``: a torch custom op's own implementation for the
+    ``CustomOpDef`` that ``torch.library.custom_op`` returns (whose ``__call__`` takes ``*args, **kwargs``)."""
+    init = getattr(fn, "_init_fn", None)
+    if init is not None and type(fn).__name__ == "CustomOpDef":
+        return init
+    return fn
+
+
+# -- names --------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Named:
+    """An op's claim on its name: the function's identity (module, qualified name), and the op's wrapper, weakly:
+    the name is free again once nothing holds the op (until the wrapper is made, the claim holds)."""
+
+    identity: tuple[str, str]
+    wrapper: Callable[[], Any] | None = None
+
+
+_names: dict[str, list[_Named]] = {}
+_names_lock = threading.Lock()
+
+
+@forget_in_child
+def _new_names_lock() -> None:
+    global _names_lock
+    _names_lock = threading.Lock()
+
+
+def _holders(name: str) -> list[_Named]:
+    """The live claims on ``name`` (dead ones dropped); called under the lock."""
+    claims = [c for c in _names.get(name, ()) if c.wrapper is None or c.wrapper() is not None]
+    if claims:
+        _names[name] = claims
+    else:
+        _names.pop(name, None)
+    return claims
+
+
+def _claim_name(fn: Callable, name: str | None, decorator: str) -> tuple[str, _Named]:
+    """The op's name, claimed: ``name=`` as given (another function's op with that name is an error naming both),
+    else the short qualified name, qualified by module where another function's op holds it."""
+    described = _described(fn)
+    module = getattr(described, "__module__", None) or "?"
+    qualname = getattr(described, "__qualname__", None) or repr(described)
+    identity = (module, qualname)
+    with _names_lock:
+        if name is not None:
+            others = [c for c in _holders(name) if c.identity != identity]
+            if others:
+                other = ".".join(others[0].identity)
+                raise ValueError(f"@{decorator}(name={name!r}) on {module}.{qualname}: {name!r} is already the name "
+                                 f"of the op of {other}; two ops never share a name (their reports and "
+                                 f"join(op=...) would merge): give one of them another name=")
+            chosen = name
+        else:
+            short = _short_name(described)
+            candidates = [short, f"{module}.{short}", f"{module}.{qualname}"]
+            chosen = next((c for c in candidates if all(h.identity == identity for h in _holders(c))), None)
+            number = 2
+            while chosen is None:  # every candidate taken by other functions' ops: number it
+                candidate = f"{module}.{qualname}#{number}"
+                chosen = candidate if all(h.identity == identity for h in _holders(candidate)) else None
+                number += 1
+        claim = _Named(identity)
+        _names.setdefault(chosen, []).append(claim)
+    return chosen, claim
+
+
+def _release_name(name: str, claim: _Named) -> None:
+    """Give up a claim whose op was never made (its decoration failed)."""
+    with _names_lock:
+        claims = _names.get(name, [])
+        if claim in claims:
+            claims.remove(claim)
 
 
 class _Op:
@@ -88,23 +188,35 @@ class _Op:
         if not callable(fn):
             raise TypeError(f"@{decorator} decorates functions and methods, got {fn!r}")
         self.fn = fn
-        self.name = _op_name(fn, name)
+        self.decorator = decorator
+        self.name = _op_name(fn, name)  # for the errors below; the claimed name replaces it at the end
         if not isinstance(config, BuildConfig):
             raise TypeError(f"@{decorator} on {self.name}: expected a BuildConfig as first argument, got {config!r}; "
                             f"e.g. @{decorator}(BuildConfig(DynamicSpec('x', dim=0)))")
-        self.signature = inspect.signature(fn)
-        params = list(self.signature.parameters.values())
-        self.method = _is_method(fn)
-        self.config = config.resolve(self.name, params[1:] if self.method else params)
+        self.signature = inspect.signature(_described(fn))
+        # Whether the first parameter is the instance must be known now, to check the config against the call's
+        # own parameters (positions count them, not ``self``) and to fail here rather than in a pass. Calls settle
+        # it: a call bound to an instance is a method call, whatever the first parameter is named (_bind).
+        self.method = _looks_like_method(_described(fn))
+        self._config = config
+        self.config = self._resolve(self.method)
         if isinstance(output, str) and output not in self.signature.parameters:
             raise SpecError(f"@{decorator} on {self.name}: output={output!r} names no argument; "
                             f"its arguments are {list(self.signature.parameters)}")
-        if output is not None and not isinstance(output, str) and not callable(output):
+        if output is not None and output is not ... and not isinstance(output, str) and not callable(output):
             raise TypeError(f"@{decorator} on {self.name}: output must be an argument name, a callable or None")
         self.output = output
         self.lister: Lister | None = None
         self.pending: dict[Hashable, list[concurrent.futures.Future]] = {}
         self._lock = threading.Lock()
+        self._templates: dict[Hashable, Any] = {}  # inferred placeholders by the call's full signature
+        self.name, self._claim = _claim_name(fn, name, decorator)
+        if self.name != _op_name(fn, name):
+            self.config = self._resolve(self.method)  # its errors name the op as reports will
+
+    def _resolve(self, method: bool) -> ResolvedConfig:
+        params = list(self.signature.parameters.values())
+        return self._config.resolve(self.name, params[1:] if method else params)
 
     def __repr__(self) -> str:
         return f"<buildops op {self.name}>"
@@ -120,20 +232,35 @@ class _Op:
             # Never on a builder thread: a build that calls another op (a @builds_by_running body) would wait for
             # builds queued behind it on the same workers; there the inner op compiles as part of the build.
             if self.pending and not on_builder_thread():
+                self._settle_method(wrapped, instance)
                 self._wait_for_own_builds(instance, args, kwargs)
             return wrapped(*args, **kwargs)
+        self._settle_method(wrapped, instance)
         return self._list(build_pass, instance, args, kwargs)
 
+    def _settle_method(self, wrapped: Callable, instance: Any) -> None:
+        """A call through an instance (``model(x)``: wrapt binds the function to it) shows the op is a method: its
+        first parameter is the instance, whatever it is named, and the config's positions count from the second.
+        Decoration could only guess (``_looks_like_method``). Through the class (``Cls.forward(model, x)``) wrapt
+        takes the first argument for the instance too, which proves nothing: binding alone does not change then."""
+        if not self.method and instance is not None and getattr(wrapped, "__self__", None) is instance:
+            with self._lock:
+                if not self.method:
+                    self.config = self._resolve(True)  # a config that does not fit so raises here, naming the op
+                    self.method = True
+
     def _bind(self, instance: Any, args: tuple, kwargs: dict) -> inspect.BoundArguments:
-        bound = self.signature.bind(instance, *args, **kwargs) if instance is not None and self.method \
-            else self.signature.bind(*args, **kwargs)
+        """The call's arguments by name, defaults applied. wrapt gives the instance of a call through an instance
+        or its class apart from ``args``: it is the first parameter, whatever that is named."""
+        bound = self.signature.bind(*args, **kwargs) if instance is None else \
+            self.signature.bind(instance, *args, **kwargs)
         bound.apply_defaults()
         return bound
 
     def _wait_for_own_builds(self, instance: Any, args: tuple, kwargs: dict) -> None:
         try:
             bound = self._bind(instance, args, kwargs)
-            signature = call_signature(bound.arguments, self.config.swept(bound.arguments))
+            signature = self.config.signature(bound.arguments)
         except (TypeError, SpecError, AttributeError):
             return  # the call itself is malformed: let the function raise its own error
         with self._lock:
@@ -149,7 +276,7 @@ class _Op:
     def _list(self, build_pass: BuildPass, instance: Any, args: tuple, kwargs: dict) -> Any:
         bound = self._bind(instance, args, kwargs)
         arguments = bound.arguments
-        signature = call_signature(arguments, self.config.swept(arguments))
+        signature = self.config.signature(arguments)
         if build_pass.first_call(self, signature):
             futures: list[concurrent.futures.Future] = []
             for dims in self.config.combinations(arguments):
@@ -184,12 +311,46 @@ class _Op:
         self.lister = fn
         return fn
 
+    @property
+    def infers_output(self) -> bool:
+        """Whether a replay of the op's host code can give its placeholder (``output`` left out)."""
+        return False
+
     def _placeholder(self, bound: inspect.BoundArguments) -> Any:
-        if self.output is None:
+        output = self.output
+        if output is None:
             return None
-        if isinstance(self.output, str):
-            return torch.zeros_like(bound.arguments[self.output])
-        return self.output(*bound.args, **bound.kwargs)
+        if isinstance(output, str):
+            return torch.zeros_like(bound.arguments[output])
+        if output is not ...:
+            return output(*bound.args, **bound.kwargs)
+        if not self.infers_output:
+            raise SpecError(f"{self.name} returns nothing buildops can infer inside a pass: it has a lister, so its "
+                            f"host code is not replayed, and its decorator has no output=. Pass output= to "
+                            f"@{self.decorator} (an argument name, whose zeros it returns; a callable of its "
+                            f"arguments that returns its placeholder; or None for an op that returns nothing)")
+        return materialize(self._output_template(bound))
+
+    def _output_template(self, bound: inspect.BoundArguments) -> Any:
+        """The placeholder's template for this call, from a replay at the call's own shapes; kept per full
+        signature (devices and strides too), since a pass calls an op with the same shapes again and again."""
+        arguments = bound.arguments
+        layout = tuple((name, value.device, value.stride()) for name, value in arguments.items()
+                       if isinstance(value, torch.Tensor) and value.layout == torch.strided)
+        try:
+            key: Hashable = (call_signature(arguments, {}), layout)
+            hash(key)
+        except TypeError:  # nothing to key it by: replay every time
+            key = None
+        template = self._templates.get(key, _MISSING) if key is not None else _MISSING
+        if template is not _MISSING:
+            return template
+        template = output_template(self.name, self.fn, bound)
+        if key is not None:
+            if len(self._templates) >= _TEMPLATES_KEPT:
+                self._templates.clear()
+            self._templates[key] = template
+        return template
 
     # -- pending builds ---------------------------------------------------------------------------------------
 
@@ -219,8 +380,16 @@ class _Op:
         self.pending = {}
 
 
+_TEMPLATES_KEPT = 256  # inferred placeholder templates an op keeps (by full signature) before starting over
+_MISSING = object()
+
+
 class _ListingOp(_Op):
     """An op whose lister turns shape/dtype specs into builds; without a lister, listed by replay."""
+
+    @property
+    def infers_output(self) -> bool:
+        return self.lister is None
 
     def builds(self, bound: inspect.BoundArguments, dims: Mapping[str, int]) -> list[Build]:
         if self.lister is None:  # no hand-written list: run the op's own host code with launches recorded
@@ -242,7 +411,9 @@ class _ListingOp(_Op):
         for build in builds:
             if not isinstance(build, Build):
                 raise TypeError(f"the lister of {self.name} returned {build!r}; a lister returns Build objects")
-        return builds
+        # A build belongs to the op that listed it, whatever name its lister gave (triton_builds("rmsnorm", ...) in
+        # an op named "pkg.b.rmsnorm"): reports and join(op=...) never merge two ops' builds.
+        return [b if b.op == self.name else dataclasses.replace(b, op=self.name) for b in builds]
 
 
 # -- the wrappers ---------------------------------------------------------------------------------------------
@@ -263,27 +434,35 @@ class _FunctionOp(wrapt.FunctionWrapper):
 
 def _wrap(fn: Callable[P, R], op: _Op) -> Op[P, R]:
     """The op's wrapper; ``.lister`` reaches the op through the wrapped function (a proxy forwards attributes)."""
-    earlier = getattr(getattr(fn, "lister", None), "__self__", None)
-    if isinstance(earlier, _Op):  # a second op on one function would take the first's .lister and .builds_for
-        raise TypeError(f"buildops cannot decorate {op.name}: its function is already the op {earlier.name}, and an "
-                        f"op's .lister lives on its function; give each op a function of its own (e.g. one that "
-                        f"calls {getattr(fn, '__qualname__', fn)!s})")
     try:
-        _attach(fn, op.register_lister, op.builds_for)
-    except (AttributeError, TypeError) as error:
-        raise TypeError(f"buildops cannot decorate {op.name}: it takes no attributes "
-                        "(wrap it in a function)") from error
+        earlier = getattr(getattr(fn, "lister", None), "__self__", None)
+        if isinstance(earlier, _Op):  # a second op on one function would take the first's .lister and .builds_for
+            raise TypeError(f"buildops cannot decorate {op.name}: its function is already the op {earlier.name}, and "
+                            f"an op's .lister lives on its function; give each op a function of its own (e.g. one "
+                            f"that calls {getattr(fn, '__qualname__', fn)!s})")
+        try:
+            _attach(fn, op.register_lister, op.builds_for, op.name)
+        except (AttributeError, TypeError) as error:
+            raise TypeError(f"buildops cannot decorate {op.name}: it takes no attributes "
+                            "(wrap it in a function)") from error
+    except TypeError:
+        _release_name(op.name, op._claim)
+        raise
     wrapper = wrapt.FunctionWrapper(fn, op.call) if op.method else _FunctionOp(fn, op.call)
     # wrapt keeps ``_self_*`` attributes on the wrapper itself; its stubs leave out the proxy's __setattr__
     wrapper._self_op = op  # pyright: ignore[reportAttributeAccessIssue]
+    op._claim.wrapper = weakref.ref(wrapper)
     return cast("Op[P, R]", wrapper)
 
 
-def _attach(fn: Callable[..., Any], lister: Callable[[Lister], Lister], builds_for: Callable[..., list[Build]]) -> None:
-    """Set ``fn.lister`` and ``fn.builds_for``; AttributeError or TypeError where ``fn`` takes no attributes."""
+def _attach(fn: Callable[..., Any], lister: Callable[[Lister], Lister], builds_for: Callable[..., list[Build]],
+            name: str) -> None:
+    """Set ``fn.lister``, ``fn.builds_for`` and ``fn.op_name``; AttributeError or TypeError where ``fn`` takes no
+    attributes."""
     target: Any = fn  # a function takes attributes, which its type does not declare
     target.lister = lister
     target.builds_for = builds_for
+    target.op_name = name
 
 
 def _ignore_lister(fn: Lister) -> Lister:
@@ -294,32 +473,46 @@ def _no_builds(*args: Any, **kwargs: Any) -> list[Build]:
     return []
 
 
-def _transparent(fn: Callable[P, R]) -> Op[P, R]:
+def _transparent(fn: Callable[P, R], name: str | None = None) -> Op[P, R]:
     """``BUILDOPS=0``: the function itself. ``.lister`` is accepted and ignored so decorated modules still import;
-    ``.builds_for`` lists nothing."""
+    ``.builds_for`` lists nothing; ``.op_name`` is ``name`` or the short qualified name."""
     try:
-        _attach(fn, _ignore_lister, _no_builds)
+        _attach(fn, _ignore_lister, _no_builds, _op_name(fn, name))
     except (AttributeError, TypeError):
         pass
     return cast("Op[P, R]", fn)
 
 
-def lists_kernels(config: BuildConfig, *, output: Output = None,
-                  name: str | None = None) -> Callable[[Callable[P, R]], Op[P, R]]:
-    """Decorate an op that lists its kernels' builds through a lister (``@op.lister``).
+def lists_kernels(config: BuildConfig, *, output: Output = ..., name: str | None = None,
+                  static: str | Iterable[str] = ()) -> Callable[[Callable[P, R]], Op[P, R]]:
+    """Decorate an op that lists its kernels' builds through a lister (``@op.lister``) or, without one, by
+    replaying its host code.
 
     Args:
         config: the op's swept dims.
         output: the placeholder the op returns in a build pass: an argument name (zeros like it), a callable
-            taking the op's arguments and returning new tensors (zeros, e.g. ``torch.zeros_like``), or None.
-        name: the op's name in reports and ``join(op=...)`` (default: the function's qualified name).
+            taking the op's arguments and returning new tensors (zeros, e.g. ``torch.zeros_like``), or None (the
+            op returns nothing). Left out, it is inferred from a replay of the op's host code at the call's own
+            shapes (zeros for the tensors it returns, other values as returned); an op with a lister is not
+            replayed, so it needs ``output=``, or its first call in a pass raises.
+        name: the op's name in reports and ``join(op=...)`` (default: the function's qualified name, qualified by
+            module where another op has it). Another op's name given here is an error.
+        static: names of arguments left out of the call signature, as for :func:`builds_by_running`. An op listed
+            by replay needs it less: the replay records each launch's own specialization, so a call signature too
+            many costs a replay, never a build.
     """
     _refuse_bare_use("lists_kernels", config)
 
     def decorate(fn: Callable[P, R]) -> Op[P, R]:
         if not settings.enabled:
-            return _transparent(fn)
-        return _wrap(fn, _ListingOp(fn, config, output, name, "lists_kernels"))
+            return _transparent(fn, name)
+        resolved = config
+        if static and isinstance(config, BuildConfig):  # no BuildConfig: _Op's own error says what to pass
+            try:
+                resolved = config.with_static(static)
+            except (SpecError, TypeError) as error:
+                raise SpecError(f"@lists_kernels on {_op_name(fn, name)}: {error}; e.g. static=('eps',)") from None
+        return _wrap(fn, _ListingOp(fn, resolved, output, name, "lists_kernels"))
     return decorate
 
 

@@ -2,9 +2,10 @@
 processes, autotuning in the build, and late-compile detection.
 
 Its modules: ``driver`` (the target, a driver for machines without a GPU), ``stand_ins`` (what a build records of
-a tensor), ``record`` (launches recorded as builds), ``build`` (a build's compile and load), ``autotune``
-(autotuning in the build), ``patches`` (Triton steps serialised while building), ``late`` (late compiles),
-``pool``, ``worker``, ``preload`` and ``warm`` (worker processes). Importing this package imports neither Triton nor
+a tensor), ``record`` (launches recorded as builds), ``interpret`` (Triton's interpreter: launches listed, nothing
+to compile), ``build`` (a build's compile and load), ``autotune`` (autotuning in the build), ``patches`` (Triton
+steps serialised while building), ``late`` (late compiles), ``pool``, ``worker``, ``preload`` and ``warm`` (worker
+processes). Importing this package imports neither Triton nor
 torch: the forkserver imports its ``preload`` module before torch. The public names load on first use.
 """
 

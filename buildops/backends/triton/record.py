@@ -6,8 +6,13 @@ in the same order, since Triton's in-memory key depends on it). Every tensor bec
 dtype and pointer alignment, so integers equal to 1, multiples of 16 and aligned pointers specialize as they
 would, and the real launch later finds the kernel in Triton's cache.
 
-``JITFunction.run`` and ``Autotuner.run`` are patched only while a recording is active, and even then they
-record only in the context (thread) that records: elsewhere Triton runs as without buildops.
+A build's label names the kernel and its specialization as Triton's binder computed it (pointer dtypes and
+alignment, which ints are 1 or multiples of 16, scalar types, constexprs) and the launch's options, so that two
+builds of one kernel never share a label.
+
+``JITFunction.run`` and ``Autotuner.run`` (and, with ``TRITON_INTERPRET=1``, ``InterpretedFunction.run``) are
+patched only while a recording is active, and even then they record only in the context (thread) that records:
+elsewhere Triton runs as without buildops.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from triton import knobs
@@ -27,6 +32,7 @@ from ..._runtime.patching import Patch
 from .autotune import tune_build
 from .build import WarmupRun
 from .driver import active_driver, compile_only, kernel_name, target
+from .interpret import InterpretedRun, interpreted, run_patch, twin
 from .late import note_listed
 from .stand_ins import stand_in
 
@@ -35,17 +41,62 @@ __all__ = ["recording", "triton_builds"]
 logger = logging.getLogger("buildops")
 
 
-def _launch_key(jit: JITFunction, args: tuple, kwargs: dict) -> str:
-    """The key ``JITFunction.run`` will look up for this launch (mirrors its preprocessing; Triton 3.6 and 3.7)."""
+def _specialize(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[list, dict]:
+    """The launch's specialization and options as ``JITFunction.run`` computes them (Triton 3.6 and 3.7): one
+    ``(type, spec)`` per kernel parameter, e.g. ``("*fp16", "D")``, ``("i32", "D")``, ``("constexpr", 1)``."""
     options = dict(kwargs)
     options["debug"] = options.get("debug", jit.debug) or knobs.runtime.debug
     options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     binder = jit.device_caches[active_driver().get_current_device()][4]
     _, specialization, options = binder(*args, **options)
+    return list(specialization), options
+
+
+def _key_of(specialization: list, options: dict) -> str:
+    """The key ``JITFunction.run`` looks the launch up under."""
+    specialization = list(specialization)
     stages_hook = getattr(knobs.runtime, "add_stages_inspection_hook", None)
     if stages_hook is not None:
         specialization.append(f'("custom_pipeline", {stages_hook()[1]})')
     return compute_cache_key({}, specialization, options)
+
+
+def _launch_key(jit: JITFunction, args: tuple, kwargs: dict) -> str:
+    """The key ``JITFunction.run`` will look up for this launch (mirrors its preprocessing; Triton 3.6 and 3.7)."""
+    return _key_of(*_specialize(jit, args, kwargs))
+
+
+def _label(name: str, params: Sequence[Any], specialization: Sequence[Any], kwargs: dict) -> str:
+    """A short name for one build that tells it from the kernel's other builds: the kernel, then its
+    specialization in parameter order, then the launch's other options as passed, e.g.
+    ``_matmul_kernel[fp16, M=1, N%16=0, K%16=0, BLOCK_M=16, warps=4, stages=4]``.
+
+    Pointers: their dtype, once where all share it, and ``x_ptr unaligned`` where not 16-byte aligned. Ints: ``n=1``
+    (compiled as a constant), ``n%16=0`` (a multiple of 16), nothing for another int32; other scalar types by name
+    (``eps:fp32``, ``flag:u1``, ``n:i64``). Constexprs: ``NAME=value``. Options: ``num_`` left out of the name.
+    """
+    entries = [(param, entry) for param, entry in zip(params, specialization)
+               if isinstance(entry, tuple) and len(entry) == 2]
+    pointers = [ty for _, (ty, _) in entries if isinstance(ty, str) and ty.startswith("*")]
+    shared = pointers[0][1:] if pointers and all(ty == pointers[0] for ty in pointers) else None
+    parts = [shared] if shared else []
+    for param, (ty, spec) in entries:
+        name_ = param.name
+        if ty == "constexpr":
+            parts.append(f"{name_}={spec!r}" if isinstance(spec, str) else f"{name_}={spec}")
+        elif isinstance(ty, str) and ty.startswith("*"):
+            if shared is None:
+                parts.append(f"{name_}:{ty[1:]}")
+            if spec != "D" and not getattr(param, "do_not_specialize_on_alignment", False):
+                parts.append(f"{name_} unaligned")
+        elif ty == "i32":
+            if spec == "D":
+                parts.append(f"{name_}%16=0")
+        else:
+            parts.append(f"{name_}:{ty}{'%16=0' if spec == 'D' else ''}")
+    names = {param.name for param in params}
+    parts += [f"{k.removeprefix('num_')}={v}" for k, v in kwargs.items() if k not in names]
+    return f"{name}[{', '.join(parts)}]" if parts else name
 
 
 class _Recording:
@@ -53,15 +104,22 @@ class _Recording:
         self.op = op
         self.builds: list[Build] = []
 
-    def add(self, jit: JITFunction, args: tuple, kwargs: dict) -> None:
+    def add(self, jit: Any, args: tuple, kwargs: dict) -> None:
         stand_ins = tuple(stand_in(a) for a in args)
         kwargs = {k: stand_in(v) for k, v in kwargs.items()}
         the_target = target()
+        # An interpreted kernel specializes through its twin: a JITFunction over the same function, never compiled
+        binder = twin(jit) if interpreted(jit) else jit
+        specialization, options = _specialize(binder, stand_ins, kwargs)
+        label = _label(jit.fn.__name__, binder.params, specialization, kwargs)
+        note_listed(kernel_name(binder), self.op)
+        launch = _key_of(specialization, options)
+        if binder is not jit:
+            key = ("triton-interpreter", kernel_name(binder), binder.cache_key, launch, the_target)
+            self.builds.append(Build(self.op, key, InterpretedRun(), label=label, library="triton", shared=False))
+            return
+        key = ("triton", kernel_name(jit), jit.cache_key, launch, the_target)
         device = active_driver().get_current_device()
-        key = ("triton", kernel_name(jit), jit.cache_key, _launch_key(jit, stand_ins, kwargs), the_target)
-        options = ", ".join(f"{k}={v}" for k, v in kwargs.items())
-        label = f"{jit.fn.__name__}[{options}]" if options else jit.fn.__name__
-        note_listed(kernel_name(jit), self.op)
         # On a GPU the build also loads the module: GPU work, which graph capture must not overlap.
         run = WarmupRun(jit, stand_ins, kwargs, device, the_target)
         self.builds.append(Build(self.op, key, run, uses_gpu=not compile_only(), label=label, library="triton"))
@@ -71,7 +129,8 @@ _recording_var: contextvars.ContextVar[_Recording | None] = contextvars.ContextV
 
 
 def _recording_jit_run(original: Any) -> Any:
-    def run(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+    """The replacement of ``JITFunction.run`` (and ``InterpretedFunction.run``, whose signature is the same)."""
+    def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         recording = _recording_var.get()
         if recording is None:
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
@@ -88,9 +147,10 @@ def _recording_autotuner_run(original: Any) -> Any:
         first = len(recording.builds)
         for config in _configs_to_build(self, args, kwargs):  # every config, no benchmark: each is a build
             self.fn.run(*args, **kwargs, **config.all_kwargs())
-        tune = tune_build(recording.op, self, args, kwargs, [b.key for b in recording.builds[first:]], original)
-        if tune is not None:
-            recording.builds.append(tune)
+        if not interpreted(self):  # the interpreter times nothing ahead: it runs each launch in Python
+            tune = tune_build(recording.op, self, args, kwargs, [b.key for b in recording.builds[first:]], original)
+            if tune is not None:
+                recording.builds.append(tune)
         return None
     return run
 
@@ -125,7 +185,10 @@ def recording(op: str) -> Iterator[list[Build]]:
     """
     target()  # make sure a driver exists, so the binder can specialize
     recording_ = _Recording(op)
-    with _JIT_RUN.applied(), _AUTOTUNER_RUN.applied():
+    with contextlib.ExitStack() as patches:
+        for patch in (_JIT_RUN, _AUTOTUNER_RUN, run_patch(_recording_jit_run)):
+            if patch is not None:
+                patches.enter_context(patch.applied())
         token = _recording_var.set(recording_)
         try:
             yield recording_.builds
