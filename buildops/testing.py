@@ -73,8 +73,20 @@ class ListingRecorder(BuildPass):
         return []
 
     def of(self, op: str) -> list[Listing]:
-        """The listings of ``op``, in order."""
-        return [entry for entry in self.listings if entry.op == op]
+        """The listings of ``op``, in order: by its name, or by its short name (``"norm"`` for an op named
+        ``"tests.test_x.norm"``, qualified where another op in the process has that name) where no other op in this
+        recording has that short name.
+
+        Raises:
+            ValueError: two ops of this recording have that short name; name the one meant in full.
+        """
+        exact = [entry for entry in self.listings if entry.op == op]
+        if exact:
+            return exact
+        named = {entry.op for entry in self.listings if entry.op.endswith("." + op)}
+        if len(named) > 1:
+            raise ValueError(f"{op!r} names {len(named)} ops in this recording: {sorted(named)}; name one in full")
+        return [entry for entry in self.listings if entry.op in named]
 
     def ops(self) -> list[str]:
         """The ops that listed anything, in the order they first did."""

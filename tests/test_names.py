@@ -152,3 +152,18 @@ def test_deciding_names_on_many_threads_gives_each_module_its_own(tmp_path, monk
     assert len(set(names)) == 8
     for index in range(8):
         sys.modules.pop(f"names_t{index}", None)
+
+
+def test_a_recording_finds_an_op_by_its_short_name_where_it_is_unique_there(two_modules):
+    a, b = two_modules
+    x, w = torch.ones(4, 8), torch.ones(8, 8)
+    with record_listings() as rec:
+        b.matmul(x, w)  # named "names_b.matmul": another module's matmul holds the short name
+    assert rec.dims("matmul") == rec.dims("names_b.matmul") == [{"x.0": 4}]
+    with record_listings() as both:
+        a.matmul(x, w)
+        b.matmul(x, w)
+    if a.matmul.op_name != "matmul":  # both qualified: the short name is ambiguous in this recording
+        with pytest.raises(ValueError, match="names 2 ops in this recording"):
+            both.of("matmul")
+    assert both.keys("names_b.matmul") == [("names_b", 8)]
