@@ -506,14 +506,20 @@ def lists_kernels(config: BuildConfig, *, output: Output = ..., name: str | None
     def decorate(fn: Callable[P, R]) -> Op[P, R]:
         if not settings.enabled:
             return _transparent(fn, name)
-        resolved = config
-        if static and isinstance(config, BuildConfig):  # no BuildConfig: _Op's own error says what to pass
-            try:
-                resolved = config.with_static(static)
-            except (SpecError, TypeError) as error:
-                raise SpecError(f"@lists_kernels on {_op_name(fn, name)}: {error}; e.g. static=('eps',)") from None
+        resolved = _with_static("lists_kernels", _op_name(fn, name), config, static, "eps")
         return _wrap(fn, _ListingOp(fn, resolved, output, name, "lists_kernels"))
     return decorate
+
+
+def _with_static(decorator: str, op: str, config: BuildConfig, static: str | Iterable[str],
+                 example: str) -> BuildConfig:
+    """``config`` with ``static`` arguments left out of its call signature; errors name the op and the fix."""
+    if not static or not isinstance(config, BuildConfig):  # no BuildConfig: _Op's own error says what to pass
+        return config
+    try:
+        return config.with_static(static)
+    except (SpecError, TypeError) as error:
+        raise SpecError(f"@{decorator} on {op}: {error}; e.g. static=({example!r},)") from None
 
 
 def _refuse_bare_use(decorator: str, config: object) -> None:

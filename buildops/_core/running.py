@@ -15,7 +15,7 @@ import torch
 from .._config import settings
 from .._runtime.gpu import worker_stream
 from .build import Build
-from .ops import Lister, Op, Output, P, R, _Op, _op_name, _refuse_bare_use, _transparent, _wrap
+from .ops import Lister, Op, Output, P, R, _Op, _op_name, _refuse_bare_use, _transparent, _with_static, _wrap
 from .specs import BuildConfig, DynamicSpec, SpecError, tensor_dims
 
 __all__ = ["builds_by_running"]
@@ -108,12 +108,7 @@ def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int
         if not settings.enabled:
             return _transparent(fn, name)
         op = _op_name(fn, name)
-        with_dims = _with_dims(op, config, dims)
-        if static and isinstance(with_dims, BuildConfig):  # no BuildConfig: _Op's own error says what to pass
-            try:
-                with_dims = with_dims.with_static(static)
-            except (SpecError, TypeError) as error:
-                raise SpecError(f"@builds_by_running on {op}: {error}; e.g. static=('alpha',)") from None
+        with_dims = _with_static("builds_by_running", op, _with_dims(op, config, dims), static, "alpha")
         return _wrap(fn, _RunningOp(fn, with_dims, output, name, "builds_by_running"))
     return decorate
 

@@ -106,27 +106,12 @@ def _keeping_main_out() -> Iterator[None]:
         _PREPARATION.release()
 
 
-class _SpawnedWorker(mp_context.SpawnProcess):
-    """A spawned worker of a :class:`WorkerPool`: told to import no main module, and named as buildops'."""
+def _worker_process(base: Any, name: str) -> Any:
+    """``base`` (a context's Process class) for a :class:`WorkerPool`'s workers: started with no main module in
+    their preparation data, and named as buildops'. Kept in this module under ``name``: a worker's process object
+    is pickled to it, class and all."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.name = _worker_name(self.name)
-
-    @staticmethod
-    def _Popen(process_obj: Any) -> Any:
-        with _keeping_main_out():
-            return mp_context.SpawnProcess._Popen(process_obj)
-
-
-class _SpawnContext(mp_context.SpawnContext):
-    Process = _SpawnedWorker
-
-
-if sys.platform != "win32":  # the forkserver is POSIX's
-    class _ForkedWorker(mp_context.ForkServerProcess):
-        """A worker of a :class:`WorkerPool` forked from the forkserver: as :class:`_SpawnedWorker`."""
-
+    class Worker(base):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.name = _worker_name(self.name)
@@ -134,7 +119,21 @@ if sys.platform != "win32":  # the forkserver is POSIX's
         @staticmethod
         def _Popen(process_obj: Any) -> Any:
             with _keeping_main_out():
-                return mp_context.ForkServerProcess._Popen(process_obj)
+                return base._Popen(process_obj)
+
+    Worker.__qualname__ = Worker.__name__ = name
+    return Worker
+
+
+_SpawnedWorker = _worker_process(mp_context.SpawnProcess, "_SpawnedWorker")
+
+
+class _SpawnContext(mp_context.SpawnContext):
+    Process = _SpawnedWorker
+
+
+if sys.platform != "win32":  # the forkserver is POSIX's
+    _ForkedWorker = _worker_process(mp_context.ForkServerProcess, "_ForkedWorker")
 
     class _ForkServerContext(mp_context.ForkServerContext):
         Process = _ForkedWorker
