@@ -74,11 +74,11 @@ class Coverage(tuple[int, int]):
 
     def describe(self, library: str) -> list[str]:
         """The report's lines for this library."""
-        lines = [f"{library}: {self.prebuilt} kernel(s) prebuilt, {self.late} compiled late"]
+        split = ""
         if self.compiled or self.cached:
             unknown = f", {self.unknown} not known" if self.unknown else ""
-            lines.append(f"{library}: {self.prebuilt} prebuilt ({self.compiled} compiled, {self.cached} found "
-                         f"cached{unknown})")
+            split = f" ({self.compiled} compiled, {self.cached} found cached{unknown})"
+        lines = [f"{library}: {self.prebuilt} kernel(s) prebuilt{split}, {self.late} compiled late"]
         lines += [f"{library}: {n} build(s) skipped: {reason}" for reason, n in self.skipped.items()]
         return lines
 
