@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import buildops
-from buildops import BuildConfig, DynamicSpec, build_pass, lists_kernels, report
+from buildops import BuildConfig, DynamicSpec, lists_kernels, report
 from buildops.testing import record_listings
 
 from conftest import WAIT
@@ -113,21 +113,29 @@ def test_a_local_function_reads_as_its_own_name():
     assert make().op_name == "rms_of_a_factory"
 
 
-def test_a_name_is_free_again_once_its_op_is_gone(tmp_path, monkeypatch):
-    def decorate():
-        def held(x):
-            return x
-        return lists_kernels(BuildConfig(DynamicSpec("x", 0)), output="x", name="held_name")(held)
+def test_a_name_stays_its_functions_whatever_is_collected(tmp_path, monkeypatch):
+    """Names never depend on when an op was collected: a class made in a function (a test) lives in a reference
+    cycle until a collection, and its op's name must not be free for another function's op meanwhile or after."""
+    import gc
 
-    op = decorate()
-    with build_pass("warmup"):
-        op(torch.ones(2))
-    del op
-    (tmp_path / "names_c.py").write_text("def other(x):\n    return x\n")
+    def decorate():
+        class Norm(torch.nn.Module):
+            @lists_kernels(BuildConfig(DynamicSpec("x", 0)), output="x")
+            def forward(self, x):
+                return x
+        return Norm
+
+    first = decorate().forward.op_name
+    gc.collect()  # the class, and its op, are gone now
+    assert decorate().forward.op_name == first  # the same function again: the same name
+    (tmp_path / "names_c.py").write_text(
+        "import torch\nfrom buildops import BuildConfig, DynamicSpec, lists_kernels\n"
+        "class Norm(torch.nn.Module):\n"
+        "    @lists_kernels(BuildConfig(DynamicSpec('x', 0)), output='x')\n"
+        "    def forward(self, x):\n        return x\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    other = importlib.import_module("names_c").other
-    assert lists_kernels(BuildConfig(DynamicSpec("x", 0)), output="x", name="held_name")(other).op_name \
-        == "held_name"
+    other = importlib.import_module("names_c").Norm.forward.op_name
+    assert other != first and other.startswith("names_c.")
     sys.modules.pop("names_c", None)
 
 
@@ -167,3 +175,26 @@ def test_a_recording_finds_an_op_by_its_short_name_where_it_is_unique_there(two_
         with pytest.raises(ValueError, match="names 2 ops in this recording"):
             both.of("matmul")
     assert both.keys("names_b.matmul") == [("names_b", 8)]
+
+
+def test_a_reset_frees_the_names_of_collected_ops_only():
+    from buildops.testing import reset
+
+    def decorate(fn):
+        return lists_kernels(BuildConfig(DynamicSpec("x", 0)), output="x", name="reset_name")(fn)
+
+    def first(x):
+        return x
+
+    def second(x):
+        return x
+
+    kept = decorate(first)
+    with pytest.raises(ValueError, match="already the name of the op of"):
+        decorate(second)
+    reset()
+    with pytest.raises(ValueError, match="already the name of the op of"):
+        decorate(second)  # the first op lives on: its name stays its own
+    del kept
+    reset()
+    assert decorate(second).op_name == "reset_name"

@@ -168,3 +168,38 @@ def test_methods_are_recognised_by_how_they_are_bound():
     with record_listings() as rec:
         Assigned()(torch.ones(3, 2))
     assert rec.dims("_plain_forward") == [{"0.0": 3}]  # position 0 is x, after the instance (a module has no dim)
+
+
+def test_a_dataclass_result_is_rebuilt_field_by_field_with_fresh_zeros():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Out:
+        hidden: torch.Tensor
+        lse: torch.Tensor
+        steps: int
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")))
+    def attend(x):
+        return Out(x * 2, x.sum(-1), 3)
+
+    x = torch.ones(4, 8)
+    with record_listings():
+        first, second = attend(x), attend(x)
+    assert first is not second and first.hidden is not second.hidden
+    assert first.hidden.device == x.device and first.hidden.shape == (4, 8) and not first.hidden.any()
+    assert first.lse.shape == (4,) and first.steps == 3
+
+
+def test_an_object_holding_tensors_it_cannot_rebuild_asks_for_output():
+    class Out:
+        def __init__(self, hidden):
+            self.hidden = hidden
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")))
+    def opaque(x):
+        return Out(x * 2)
+
+    with pytest.raises(SpecError, match=r"opaque returns .*Out, which holds tensors .* give the op output="):
+        with record_listings():
+            opaque(torch.ones(4, 8))

@@ -116,3 +116,19 @@ def test_extensions_are_loaded_only_for_libraries_in_use(monkeypatch):
     assert extensions.late_watchers() == [os.path.join]
     with pytest.raises(ValueError, match="expected 'module:attribute'"):
         extensions.add_late_watcher("os", "os.path.join")
+
+
+def test_a_patch_of_an_inherited_attribute_leaves_the_base_visible_again():
+    class Base:
+        def fn(self):
+            return "base"
+
+    class Owner(Base):
+        pass
+
+    patch = patching.Patch(Owner, "fn", lambda fn: lambda self: "patched", "test")
+    with patch.applied():
+        assert Owner().fn() == "patched"
+    assert "fn" not in vars(Owner)  # not a copy of the base's: a later change to the base shows through
+    Base.fn = lambda self: "changed"
+    assert Owner().fn() == "changed"

@@ -506,3 +506,7 @@ def test_a_launcher_loaded_again_leaves_the_other_signatures_launcher_alone(tmp_
         again = launcher("A")  # from Triton's cache now
         assert (again.launch(), b.launch(), a.launch()) == ("A", "B", "A")
         assert "__triton_launcher" not in sys.modules
+    c = launcher("C")  # the engine's own first launch, outside a build: left in sys.modules
+    with patches.building():
+        assert launcher("A").launch() == "A"  # a build loads A's again: C's module is not the one refilled
+    assert c.launch() == "C"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import logging
 import threading
@@ -210,7 +211,11 @@ def output_template(op: str, fn: Callable, bound: inspect.BoundArguments) -> Any
     lists, dicts and named tuples recursively. Launches are recorded and dropped: nothing compiles or runs."""
     run = _run(op, fn, bound, {}, "to infer its placeholder output", _output_fix(op), fake_if_nothing_recorded=False)
     device = _call_device(bound)
-    return _template(run.result, device if device is not None else torch.device("cpu"))
+    try:
+        return _template(run.result, device if device is not None else torch.device("cpu"))
+    except _Opaque as opaque:
+        raise SpecError(f"{op} returns {opaque.args[0]}, which holds tensors buildops cannot rebuild as zeros: give "
+                        f"the op output= (a callable of its arguments returning the placeholder)") from None
 
 
 class _TensorTemplate:
@@ -237,9 +242,17 @@ class _TensorTemplate:
         return torch.zeros(span, dtype=self.dtype, device=self.device).as_strided(self.shape, self.stride)
 
 
+class _Opaque(Exception):
+    """A value that holds tensors in a form :func:`_rebuild` cannot rebuild (its type's name is the argument)."""
+
+
 def _rebuild(value: Any, convert: Callable[[Any], Any]) -> Any:
-    """``value`` with ``convert`` applied to each item of its tuples, lists and dicts, recursively; the containers
-    keep their types (named tuples, torch's structseqs, dict subclasses)."""
+    """``value`` with ``convert`` applied to each item of its tuples, lists and dicts and each field of its
+    dataclasses, recursively; the containers keep their types (named tuples, torch's structseqs, dict subclasses).
+    Raises :class:`_Opaque` for another object that holds a tensor among its attributes."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _rebuild(getattr(value, f.name), convert) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **fields)
     if isinstance(value, tuple):
         items = [_rebuild(v, convert) for v in value]
         if type(value) is tuple:
@@ -255,6 +268,9 @@ def _rebuild(value: Any, convert: Callable[[Any], Any]) -> Any:
         rebuilt = copy.copy(value)  # keeps what a subclass holds besides its items (a defaultdict's factory)
         rebuilt.update(made)
         return rebuilt
+    if not isinstance(value, torch.Tensor) and any(isinstance(v, torch.Tensor)
+                                                   for v in getattr(value, "__dict__", {}).values()):
+        raise _Opaque(type(value).__qualname__)
     return convert(value)
 
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import gc
 import inspect
 import logging
 import sys
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
 from types import EllipsisType
 from typing import Any, ParamSpec, Protocol, TypeAlias, TypeVar, cast
 
@@ -37,6 +37,7 @@ import wrapt
 
 from .._config import settings
 from .._runtime.forking import forget_in_child
+from .._runtime.hooks import on_reset
 from .build import Build
 from .builder import on_builder_thread
 from .default import current_builder
@@ -114,16 +115,8 @@ def _described(fn: Callable) -> Callable:
 
 # -- names --------------------------------------------------------------------------------------------------
 
-@dataclass
-class _Named:
-    """An op's claim on its name: the function's identity (module, qualified name), and the op's wrapper, weakly:
-    the name is free again once nothing holds the op (until the wrapper is made, the claim holds)."""
-
-    identity: tuple[str, str]
-    wrapper: Callable[[], Any] | None = None
-
-
-_names: dict[str, list[_Named]] = {}
+_names: dict[str, tuple[str, str]] = {}  # name -> (module, qualname) of the function whose ops hold it
+_holders: dict[str, list[Callable[[], Any]]] = {}  # name -> weak references to the ops that hold it
 _names_lock = threading.Lock()
 
 
@@ -133,52 +126,64 @@ def _new_names_lock() -> None:
     _names_lock = threading.Lock()
 
 
-def _holders(name: str) -> list[_Named]:
-    """The live claims on ``name`` (dead ones dropped); called under the lock."""
-    claims = [c for c in _names.get(name, ()) if c.wrapper is None or c.wrapper() is not None]
-    if claims:
-        _names[name] = claims
-    else:
-        _names.pop(name, None)
-    return claims
-
-
-def _claim_name(fn: Callable, name: str | None, decorator: str) -> tuple[str, _Named]:
-    """The op's name, claimed: ``name=`` as given (another function's op with that name is an error naming both),
-    else the short qualified name, qualified by module where another function's op holds it."""
+def _claim_name(fn: Callable, name: str | None, decorator: str) -> tuple[str, bool]:
+    """The op's name, claimed for the process's life, and whether this call claimed it first: ``name=`` as given
+    (another function's op with that name is an error naming both), else the short qualified name, qualified by
+    module where another function's op holds it. A claim never lapses, so a name does not depend on when another
+    op was collected (only ``buildops.testing.reset()`` frees the names of collected ops); decorating the same
+    function again (a reload, a factory called twice) keeps its name."""
     described = _described(fn)
     module = getattr(described, "__module__", None) or "?"
     qualname = getattr(described, "__qualname__", None) or repr(described)
     identity = (module, qualname)
     with _names_lock:
         if name is not None:
-            others = [c for c in _holders(name) if c.identity != identity]
-            if others:
-                other = ".".join(others[0].identity)
+            holder = _names.get(name, identity)
+            if holder != identity:
                 raise ValueError(f"@{decorator}(name={name!r}) on {module}.{qualname}: {name!r} is already the name "
-                                 f"of the op of {other}; two ops never share a name (their reports and "
+                                 f"of the op of {'.'.join(holder)}; two ops never share a name (their reports and "
                                  f"join(op=...) would merge): give one of them another name=")
             chosen = name
         else:
             short = _short_name(described)
-            candidates = [short, f"{module}.{short}", f"{module}.{qualname}"]
-            chosen = next((c for c in candidates if all(h.identity == identity for h in _holders(c))), None)
-            number = 2
-            while chosen is None:  # every candidate taken by other functions' ops: number it
-                candidate = f"{module}.{qualname}#{number}"
-                chosen = candidate if all(h.identity == identity for h in _holders(candidate)) else None
-                number += 1
-        claim = _Named(identity)
-        _names.setdefault(chosen, []).append(claim)
-    return chosen, claim
+            candidates = (short, f"{module}.{short}", f"{module}.{qualname}")
+            chosen = next((c for c in candidates if _names.get(c, identity) == identity), None)
+            if chosen is None:  # only where name= gave another op this module and qualname
+                raise ValueError(f"@{decorator} on {module}.{qualname}: other ops hold each of its names "
+                                 f"{list(candidates)}; give it one with name=")
+        first = chosen not in _names
+        _names[chosen] = identity
+    return chosen, first
 
 
-def _release_name(name: str, claim: _Named) -> None:
-    """Give up a claim whose op was never made (its decoration failed)."""
+def _release_name(name: str) -> None:
+    """Give up a name first claimed by an op that was never made (its decoration failed)."""
     with _names_lock:
-        claims = _names.get(name, [])
-        if claim in claims:
-            claims.remove(claim)
+        _names.pop(name, None)
+        _holders.pop(name, None)
+
+
+def _hold_name(name: str, wrapper: Any) -> None:
+    with _names_lock:
+        _holders.setdefault(name, []).append(weakref.ref(wrapper))
+
+
+@on_reset.add
+def _forget_names_of_collected_ops() -> None:
+    """At ``buildops.testing.reset()``, after a collection: free the names whose ops are all gone, so that the next
+    test's ops are named as in a fresh process. Never otherwise: in a serving process a name is not freed at a time
+    a collection happens to choose. Only ops of functions made at run time (a ``<locals>`` qualname, as tests
+    make) are looked for: a module's ops live as long as the module, so with none of the others, no collection."""
+    with _names_lock:
+        local = any("<locals>" in _names.get(name, ("", ""))[1] for name in _holders)
+    if not local:
+        return
+    gc.collect()
+    with _names_lock:
+        for name, refs in list(_holders.items()):
+            if all(ref() is None for ref in refs):
+                del _holders[name]
+                _names.pop(name, None)
 
 
 class _Op:
@@ -210,7 +215,7 @@ class _Op:
         self.pending: dict[Hashable, list[concurrent.futures.Future]] = {}
         self._lock = threading.Lock()
         self._templates: dict[Hashable, Any] = {}  # inferred placeholders by the call's full signature
-        self.name, self._claim = _claim_name(fn, name, decorator)
+        self.name, self._first_claim = _claim_name(fn, name, decorator)
         if self.name != _op_name(fn, name):
             self.config = self._resolve(self.method)  # its errors name the op as reports will
 
@@ -446,12 +451,13 @@ def _wrap(fn: Callable[P, R], op: _Op) -> Op[P, R]:
             raise TypeError(f"buildops cannot decorate {op.name}: it takes no attributes "
                             "(wrap it in a function)") from error
     except TypeError:
-        _release_name(op.name, op._claim)
+        if op._first_claim:
+            _release_name(op.name)
         raise
     wrapper = wrapt.FunctionWrapper(fn, op.call) if op.method else _FunctionOp(fn, op.call)
     # wrapt keeps ``_self_*`` attributes on the wrapper itself; its stubs leave out the proxy's __setattr__
     wrapper._self_op = op  # pyright: ignore[reportAttributeAccessIssue]
-    op._claim.wrapper = weakref.ref(wrapper)
+    _hold_name(op.name, wrapper)
     return cast("Op[P, R]", wrapper)
 
 

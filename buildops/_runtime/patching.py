@@ -36,6 +36,7 @@ class Patch:
     def __init__(self, owner: Any, attribute: str, make: Callable[[Any], Any], why: str) -> None:
         self.owner, self.attribute, self.make, self.why = owner, attribute, make, why
         self.original: Any = None
+        self._own = False  # whether the owner had the attribute itself (else it inherited it)
         self._holders = 0
         self._lock = threading.Lock()
         _patches.add(self)
@@ -51,6 +52,7 @@ class Patch:
     def acquire(self) -> None:
         with self._lock:
             if self._holders == 0:
+                self._own = self.attribute in getattr(self.owner, "__dict__", {})
                 self.original = getattr(self.owner, self.attribute)
                 setattr(self.owner, self.attribute, self.make(self.original))
             self._holders += 1
@@ -61,7 +63,10 @@ class Patch:
                 raise RuntimeError(f"{self!r} released more often than acquired")
             self._holders -= 1
             if self._holders == 0:
-                setattr(self.owner, self.attribute, self.original)
+                if self._own:
+                    setattr(self.owner, self.attribute, self.original)
+                else:  # inherited: deleting it shows the base's again, whatever the base has now
+                    delattr(self.owner, self.attribute)
                 self.original = None
 
     @contextlib.contextmanager

@@ -30,6 +30,7 @@ from .._config import settings
 from .._core.build import Build
 from .._core.builder import on_builder_thread
 from .._core.late import LateCompile, caller, record
+from .._runtime.forking import forget_in_child
 from .._runtime.hooks import on_reset
 from .._runtime.patching import Patch
 
@@ -52,6 +53,13 @@ _MEMORY_IF_UNKNOWN = 16 * _GIB
 _slots: threading.BoundedSemaphore | None = None  # made at the first build, when settings.threads is known
 _slots_lock = threading.Lock()
 _watching: list[Patch] = []  # JitSpec.build wrapped for late compiles, held until buildops.testing.reset()
+_watching_lock = threading.Lock()
+
+
+@forget_in_child
+def _new_locks() -> None:
+    global _slots_lock, _watching_lock
+    _slots_lock, _watching_lock = threading.Lock(), threading.Lock()
 
 
 def _concurrent_builds() -> int:
@@ -116,20 +124,22 @@ def watch_late_compiles() -> None:
     """Wrap FlashInfer's ``JitSpec.build`` (which its ``build_and_load`` calls) so that a module compiled outside
     the builder's threads after a pass is recorded as a late compile, until ``buildops.testing.reset()``. A build
     that finds the module up to date leaves the library's file untouched and is not late."""
-    if _watching:
-        return
     from flashinfer.jit import core
 
-    for cls in [c for c in vars(core).values() if isinstance(c, type) and issubclass(c, core.JitSpec)]:
-        if "build" in cls.__dict__:
-            patch = Patch(cls, "build", _reporting_build, "FlashInfer 0.7 has no hook after a JIT module compiles")
-            patch.acquire()
-            _watching.append(patch)
+    with _watching_lock:  # passes ending at once on two threads both arm the watchers
+        if _watching:
+            return
+        for cls in [c for c in vars(core).values() if isinstance(c, type) and issubclass(c, core.JitSpec)]:
+            if "build" in cls.__dict__:
+                patch = Patch(cls, "build", _reporting_build, "FlashInfer 0.7 has no hook after a JIT module compiles")
+                patch.acquire()
+                _watching.append(patch)
 
 
 @on_reset.add
 def _stop_watching() -> None:
-    for patch in _watching:
-        patch.release()
-    _watching.clear()
+    with _watching_lock:
+        for patch in reversed(_watching):
+            patch.release()
+        _watching.clear()
 

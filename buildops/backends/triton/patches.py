@@ -42,6 +42,7 @@ def _one_parse_at_a_time(original: Any) -> Any:
 def _one_load_at_a_time(original: Any) -> Any:
     def load_module_from_path(name: str, path: str) -> Any:
         with _module_load_lock:
+            sys.modules.pop(name, None)  # one loaded outside a build (a first launch) must never be refilled
             module = original(name, path)
             if sys.modules.get(name) is module:
                 del sys.modules[name]

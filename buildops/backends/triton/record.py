@@ -34,6 +34,7 @@ from .build import WarmupRun
 from .driver import active_driver, compile_only, kernel_name, target
 from .interpret import InterpretedRun, interpreted, run_patch, twin
 from .late import note_listed
+from .patches import building
 from .stand_ins import stand_in
 
 __all__ = ["recording", "triton_builds"]
@@ -186,6 +187,7 @@ def recording(op: str) -> Iterator[list[Build]]:
     target()  # make sure a driver exists, so the binder can specialize
     recording_ = _Recording(op)
     with contextlib.ExitStack() as patches:
+        patches.enter_context(building())  # a listing parses kernels (their cache keys) beside the builds
         for patch in (_JIT_RUN, _AUTOTUNER_RUN, run_patch(_recording_jit_run)):
             if patch is not None:
                 patches.enter_context(patch.applied())
