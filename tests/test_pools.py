@@ -115,7 +115,7 @@ def test_shutdown_with_a_timeout_does_not_wait_for_a_worker_still_building():
 def test_the_forkserver_imports_the_first_modules_before_the_others_and_keeps_what_was_asked_but_main():
     from multiprocessing import forkserver
 
-    from buildops._runtime.pools import _context
+    from buildops._runtime.main_module import context as _context
 
     server = forkserver._forkserver
     saved = getattr(server, "_preload_modules", None)
@@ -318,7 +318,7 @@ def test_only_the_thread_starting_a_worker_leaves_the_main_module_out_of_the_pre
     import multiprocessing.spawn
     import threading
 
-    from buildops._runtime import pools
+    from buildops._runtime import main_module
 
     original = multiprocessing.spawn.get_preparation_data
     theirs = {}
@@ -331,14 +331,14 @@ def test_only_the_thread_starting_a_worker_leaves_the_main_module_out_of_the_pre
 
     other = threading.Thread(target=another_user_of_multiprocessing)
     other.start()
-    with pools._keeping_main_out():
+    with main_module._keeping_main_out():
         ours = multiprocessing.spawn.get_preparation_data("ours")
         ours_started.set()
         assert theirs_done.wait(30)  # prepared while ours starts
     other.join(30)
-    assert not set(pools._MAIN_KEYS) & set(ours)
-    assert set(pools._MAIN_KEYS) & set(theirs)  # their children still import the main module, as they expect
-    assert multiprocessing.spawn.get_preparation_data is original and not pools._PREPARATION.active
+    assert not set(main_module._MAIN_KEYS) & set(ours)
+    assert set(main_module._MAIN_KEYS) & set(theirs)  # their children still import the main module, as they expect
+    assert multiprocessing.spawn.get_preparation_data is original and not main_module._PREPARATION.active
 
 
 def test_a_call_that_names_something_of_the_main_module_is_refused_before_any_worker_starts(monkeypatch):
@@ -361,10 +361,11 @@ def test_a_call_that_names_something_of_the_main_module_is_refused_before_any_wo
 # preloaded), here by undoing what keeps it out; the module starts builds as it is imported.
 MAIN_IN_WORKERS = r"""
 import contextlib, json, os, time
+import buildops._runtime.main_module as main_module
 import buildops._runtime.pools as pools
 import pool_tasks
 
-pools._keeping_main_out = contextlib.nullcontext
+main_module._keeping_main_out = contextlib.nullcontext
 pool = pools.WorkerPool("test", lambda: 2)
 began = time.monotonic()
 errors = []

@@ -22,12 +22,10 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
-import gc
 import inspect
 import logging
 import sys
 import threading
-import weakref
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import EllipsisType
 from typing import Any, ParamSpec, Protocol, TypeAlias, TypeVar, cast
@@ -36,12 +34,11 @@ import torch
 import wrapt
 
 from .._config import settings
-from .._runtime.forking import forget_in_child
-from .._runtime.hooks import on_reset
 from .build import Build
 from .builder import on_builder_thread
 from .default import current_builder
 from .listing import materialize, output_template, replay
+from .names import claim_name, described, hold_name, op_name, release_name
 from .passes import BuildPass, _current, active
 from .signatures import call_signature
 from .specs import BuildConfig, ResolvedConfig, SpecError, TensorSpec, tensor_dims
@@ -94,98 +91,6 @@ def _looks_like_method(fn: Callable) -> bool:
     return bool(params) and params[0] in ("self", "cls")
 
 
-def _short_name(fn: Callable) -> str:
-    # "make.<locals>.rmsnorm" reads as "rmsnorm"; "Attention.forward" stays as it is
-    return getattr(fn, "__qualname__", repr(fn)).rpartition("<locals>.")[2]
-
-
-def _op_name(fn: Callable, name: str | None) -> str:
-    """The op's name as its errors at decoration give it: ``name=``, else the function's short qualified name."""
-    return name or _short_name(_described(fn))
-
-
-def _described(fn: Callable) -> Callable:
-    """The function whose signature and name describe ``fn``: a torch custom op's own implementation for the
-    ``CustomOpDef`` that ``torch.library.custom_op`` returns (whose ``__call__`` takes ``*args, **kwargs``)."""
-    init = getattr(fn, "_init_fn", None)
-    if init is not None and type(fn).__name__ == "CustomOpDef":
-        return init
-    return fn
-
-
-# -- names --------------------------------------------------------------------------------------------------
-
-_names: dict[str, tuple[str, str]] = {}  # name -> (module, qualname) of the function whose ops hold it
-_holders: dict[str, list[Callable[[], Any]]] = {}  # name -> weak references to the ops that hold it
-_names_lock = threading.Lock()
-
-
-@forget_in_child
-def _new_names_lock() -> None:
-    global _names_lock
-    _names_lock = threading.Lock()
-
-
-def _claim_name(fn: Callable, name: str | None, decorator: str) -> tuple[str, bool]:
-    """The op's name, claimed for the process's life, and whether this call claimed it first: ``name=`` as given
-    (another function's op with that name is an error naming both), else the short qualified name, qualified by
-    module where another function's op holds it. A claim never lapses, so a name does not depend on when another
-    op was collected (only ``buildops.testing.reset()`` frees the names of collected ops); decorating the same
-    function again (a reload, a factory called twice) keeps its name."""
-    described = _described(fn)
-    module = getattr(described, "__module__", None) or "?"
-    qualname = getattr(described, "__qualname__", None) or repr(described)
-    identity = (module, qualname)
-    with _names_lock:
-        if name is not None:
-            holder = _names.get(name, identity)
-            if holder != identity:
-                raise ValueError(f"@{decorator}(name={name!r}) on {module}.{qualname}: {name!r} is already the name "
-                                 f"of the op of {'.'.join(holder)}; two ops never share a name (their reports and "
-                                 f"join(op=...) would merge): give one of them another name=")
-            chosen = name
-        else:
-            short = _short_name(described)
-            candidates = (short, f"{module}.{short}", f"{module}.{qualname}")
-            chosen = next((c for c in candidates if _names.get(c, identity) == identity), None)
-            if chosen is None:  # only where name= gave another op this module and qualname
-                raise ValueError(f"@{decorator} on {module}.{qualname}: other ops hold each of its names "
-                                 f"{list(candidates)}; give it one with name=")
-        first = chosen not in _names
-        _names[chosen] = identity
-    return chosen, first
-
-
-def _release_name(name: str) -> None:
-    """Give up a name first claimed by an op that was never made (its decoration failed)."""
-    with _names_lock:
-        _names.pop(name, None)
-        _holders.pop(name, None)
-
-
-def _hold_name(name: str, wrapper: Any) -> None:
-    with _names_lock:
-        _holders.setdefault(name, []).append(weakref.ref(wrapper))
-
-
-@on_reset.add
-def _forget_names_of_collected_ops() -> None:
-    """At ``buildops.testing.reset()``, after a collection: free the names whose ops are all gone, so that the next
-    test's ops are named as in a fresh process. Never otherwise: in a serving process a name is not freed at a time
-    a collection happens to choose. Only ops of functions made at run time (a ``<locals>`` qualname, as tests
-    make) are looked for: a module's ops live as long as the module, so with none of the others, no collection."""
-    with _names_lock:
-        local = any("<locals>" in _names.get(name, ("", ""))[1] for name in _holders)
-    if not local:
-        return
-    gc.collect()
-    with _names_lock:
-        for name, refs in list(_holders.items()):
-            if all(ref() is None for ref in refs):
-                del _holders[name]
-                _names.pop(name, None)
-
-
 class _Op:
     """What a decorated op knows: its function, swept dims, placeholder output, and how it makes builds."""
 
@@ -194,15 +99,15 @@ class _Op:
             raise TypeError(f"@{decorator} decorates functions and methods, got {fn!r}")
         self.fn = fn
         self.decorator = decorator
-        self.name = _op_name(fn, name)  # for the errors below; the claimed name replaces it at the end
+        self.name = op_name(fn, name)  # for the errors below; the claimed name replaces it at the end
         if not isinstance(config, BuildConfig):
             raise TypeError(f"@{decorator} on {self.name}: expected a BuildConfig as first argument, got {config!r}; "
                             f"e.g. @{decorator}(BuildConfig(DynamicSpec('x', dim=0)))")
-        self.signature = inspect.signature(_described(fn))
+        self.signature = inspect.signature(described(fn))
         # Whether the first parameter is the instance must be known now, to check the config against the call's
         # own parameters (positions count them, not ``self``) and to fail here rather than in a pass. Calls settle
         # it: a call bound to an instance is a method call, whatever the first parameter is named (_bind).
-        self.method = _looks_like_method(_described(fn))
+        self.method = _looks_like_method(described(fn))
         self._config = config
         self.config = self._resolve(self.method)
         if isinstance(output, str) and output not in self.signature.parameters:
@@ -215,8 +120,8 @@ class _Op:
         self.pending: dict[Hashable, list[concurrent.futures.Future]] = {}
         self._lock = threading.Lock()
         self._templates: dict[Hashable, Any] = {}  # inferred placeholders by the call's full signature
-        self.name, self._first_claim = _claim_name(fn, name, decorator)
-        if self.name != _op_name(fn, name):
+        self.name, self._first_claim = claim_name(fn, name, decorator)
+        if self.name != op_name(fn, name):
             self.config = self._resolve(self.method)  # its errors name the op as reports will
 
     def _resolve(self, method: bool) -> ResolvedConfig:
@@ -452,12 +357,12 @@ def _wrap(fn: Callable[P, R], op: _Op) -> Op[P, R]:
                             "(wrap it in a function)") from error
     except TypeError:
         if op._first_claim:
-            _release_name(op.name)
+            release_name(op.name)
         raise
     wrapper = wrapt.FunctionWrapper(fn, op.call) if op.method else _FunctionOp(fn, op.call)
     # wrapt keeps ``_self_*`` attributes on the wrapper itself; its stubs leave out the proxy's __setattr__
     wrapper._self_op = op  # pyright: ignore[reportAttributeAccessIssue]
-    _hold_name(op.name, wrapper)
+    hold_name(op.name, wrapper)
     return cast("Op[P, R]", wrapper)
 
 
@@ -483,7 +388,7 @@ def _transparent(fn: Callable[P, R], name: str | None = None) -> Op[P, R]:
     """``BUILDOPS=0``: the function itself. ``.lister`` is accepted and ignored so decorated modules still import;
     ``.builds_for`` lists nothing; ``.op_name`` is ``name`` or the short qualified name."""
     try:
-        _attach(fn, _ignore_lister, _no_builds, _op_name(fn, name))
+        _attach(fn, _ignore_lister, _no_builds, op_name(fn, name))
     except (AttributeError, TypeError):
         pass
     return cast("Op[P, R]", fn)
@@ -512,7 +417,7 @@ def lists_kernels(config: BuildConfig, *, output: Output = ..., name: str | None
     def decorate(fn: Callable[P, R]) -> Op[P, R]:
         if not settings.enabled:
             return _transparent(fn, name)
-        resolved = _with_static("lists_kernels", _op_name(fn, name), config, static, "eps")
+        resolved = _with_static("lists_kernels", op_name(fn, name), config, static, "eps")
         return _wrap(fn, _ListingOp(fn, resolved, output, name, "lists_kernels"))
     return decorate
 
@@ -531,5 +436,5 @@ def _with_static(decorator: str, op: str, config: BuildConfig, static: str | Ite
 def _refuse_bare_use(decorator: str, config: object) -> None:
     """``@lists_kernels`` without its arguments would replace the op with the inner decorator, silently."""
     if callable(config):
-        raise TypeError(f"@{decorator} above {_op_name(config, None)} needs its BuildConfig: "
+        raise TypeError(f"@{decorator} above {op_name(config, None)} needs its BuildConfig: "
                         f"@{decorator}(BuildConfig(DynamicSpec('x', dim=0))), not @{decorator} alone")

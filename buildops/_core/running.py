@@ -15,7 +15,8 @@ import torch
 from .._config import settings
 from .._runtime.gpu import worker_stream
 from .build import Build
-from .ops import Lister, Op, Output, P, R, _Op, _op_name, _refuse_bare_use, _transparent, _with_static, _wrap
+from .names import op_name
+from .ops import Lister, Op, Output, P, R, _Op, _refuse_bare_use, _transparent, _with_static, _wrap
 from .specs import BuildConfig, DynamicSpec, SpecError, tensor_dims
 
 __all__ = ["builds_by_running"]
@@ -107,7 +108,7 @@ def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int
     def decorate(fn: Callable[P, R]) -> Op[P, R]:
         if not settings.enabled:
             return _transparent(fn, name)
-        op = _op_name(fn, name)
+        op = op_name(fn, name)
         with_dims = _with_static("builds_by_running", op, _with_dims(op, config, dims), static, "alpha")
         return _wrap(fn, _RunningOp(fn, with_dims, output, name, "builds_by_running"))
     return decorate
