@@ -41,18 +41,23 @@ class Coverage(tuple[int, int]):
       contract's ``cached``);
     * ``late``: kernels compiled on first use after a pass;
     * ``skipped``: builds that had nothing to compile, by reason (e.g. Triton's interpreter mode), not counted
-      as prebuilt.
+      as prebuilt;
+    * ``elsewhere``: prebuilt builds that compiled somewhere other than where the library's builds go by default,
+      by place and reason (the ``Build`` contract's ``where``: e.g. a Triton kernel whose source cannot travel to
+      a worker process).
     """
 
     compiled: int
     cached: int
     skipped: Mapping[str, int]
+    elsewhere: Mapping[str, int]
 
     def __new__(cls, prebuilt: int, late: int, compiled: int = 0, cached: int = 0,
-                skipped: Mapping[str, int] | None = None) -> Coverage:
+                skipped: Mapping[str, int] | None = None, elsewhere: Mapping[str, int] | None = None) -> Coverage:
         self = super().__new__(cls, (prebuilt, late))
         self.compiled, self.cached = compiled, cached
         self.skipped = MappingProxyType(dict(skipped or {}))
+        self.elsewhere = MappingProxyType(dict(elsewhere or {}))
         return self
 
     @property
@@ -70,7 +75,7 @@ class Coverage(tuple[int, int]):
 
     def __repr__(self) -> str:
         return (f"Coverage(prebuilt={self.prebuilt}, late={self.late}, compiled={self.compiled}, "
-                f"cached={self.cached}, skipped={dict(self.skipped)})")
+                f"cached={self.cached}, skipped={dict(self.skipped)}, elsewhere={dict(self.elsewhere)})")
 
     def describe(self, library: str) -> list[str]:
         """The report's lines for this library."""
@@ -80,6 +85,7 @@ class Coverage(tuple[int, int]):
             split = f" ({self.compiled} compiled, {self.cached} found cached{unknown})"
         lines = [f"{library}: {self.prebuilt} kernel(s) prebuilt{split}, {self.late} compiled late"]
         lines += [f"{library}: {n} build(s) skipped: {reason}" for reason, n in self.skipped.items()]
+        lines += [f"{library}: {n} build(s) compiled in {where}" for where, n in self.elsewhere.items()]
         return lines
 
 
@@ -103,6 +109,7 @@ class Report:
         compiled: dict[str, int] = {}
         cached: dict[str, int] = {}
         skipped: dict[str, dict[str, int]] = {}
+        elsewhere: dict[str, dict[str, int]] = {}
         for record in self.builds:
             library = record.build.library
             if record.state is not BuildState.BUILT or not library:
@@ -114,8 +121,11 @@ class Report:
             elif record.cached is not None:
                 counts = cached if record.cached else compiled
                 counts[library] = counts.get(library, 0) + 1
+            if record.skipped is None and record.where is not None:
+                places = elsewhere.setdefault(library, {})
+                places[record.where] = places.get(record.where, 0) + 1
         return {lib: Coverage(self.prebuilt.get(lib, 0), sum(late.library == lib for late in self.late),
-                              compiled.get(lib, 0), cached.get(lib, 0), skipped.get(lib))
+                              compiled.get(lib, 0), cached.get(lib, 0), skipped.get(lib), elsewhere.get(lib))
                 for lib in sorted(libraries)}
 
     def total(self, field: str) -> float:

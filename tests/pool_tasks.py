@@ -20,3 +20,9 @@ def crash_then_hang(marker: str) -> None:
         open(marker, "w").close()
         os._exit(3)
     time.sleep(600)
+
+
+def imported(prefix: str) -> list[str]:
+    """The modules this worker has imported whose names start with ``prefix``."""
+    import sys
+    return sorted(name for name in sys.modules if name == prefix or name.startswith(prefix + "."))

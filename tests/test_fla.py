@@ -18,7 +18,7 @@ warnings.filterwarnings("ignore", message="Triton is not supported on current pl
 
 # fla picks its device from Triton's active driver as it is imported: imported before any test installs buildops'
 # compile-only driver (a CPU machine has none), it sees no GPU, as it should here.
-from examples.fla_lm import ops as _fla_ops  # noqa: E402, F401
+from examples.fla_lm import ops as _fla_ops  # noqa: E402
 from examples.fla_lm.model import Config, Model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,3 +66,53 @@ def test_after_one_pass_fla_ops_compile_nothing_and_match_a_run_without_buildops
     for ours, theirs in zip(with_buildops, without):
         # Autotuning on zeros may pick another config than autotuning on data: bf16 sums in another order.
         torch.testing.assert_close(ours, theirs, atol=0.05, rtol=0.02)
+
+
+def test_every_fla_kernel_the_example_reaches_travels_to_a_worker_as_source():
+    """Built in worker processes, fla's kernels reach them as source: no worker imports fla (or torch) to build
+    them, and each rebuilt kernel has the cache key this process computed."""
+    from test_shipping import rebuilt_elsewhere
+
+    from buildops.backends.triton.driver import inner_jit
+    from buildops.backends.triton.shipping import ShippedKernel, describe
+
+    model = Model(Config(layers=1, hidden=128, heads=2, mlp=256)).to(torch.bfloat16)
+    with torch.no_grad(), record_listings() as rec:
+        model(torch.zeros(16, dtype=torch.long))
+    names = {key[1] for key in rec.keys() if key[0] == "triton"}  # noqa: SIM118 - "module.qualname" of each kernel
+    kernels = [inner_jit(_resolve(name)) for name in sorted(names)]
+    described = [describe(jit) for jit in kernels]
+    assert len(described) >= 5 and all(isinstance(d, ShippedKernel) for d in described), described
+    keys, imported = rebuilt_elsewhere(described)
+    assert keys == [jit.cache_key for jit in kernels] and imported == []
+
+
+def test_a_pass_in_worker_processes_builds_fla_kernels_without_importing_fla_there(tmp_path, monkeypatch):
+    from buildops.backends.triton.pool import workers
+
+    import pool_tasks
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    x = torch.zeros(4, 128, dtype=torch.bfloat16)
+    with buildops.settings.scope(executor="processes", threads=2), buildops.build_pass("warmup"):
+        _fla_ops.rms_norm(x, torch.ones(128, dtype=torch.bfloat16))  # fla's norm and activation: a few kernels
+        _fla_ops.swiglu(x, x)
+    report = buildops.report()
+    assert report.failures == () and report.total("built") >= 3
+    assert [b.where for b in report.builds if b.where] == []  # every build from source, in a worker
+    assert workers.run("probe", pool_tasks.imported, "fla") == []
+
+
+def _resolve(name: str):
+    """The object ``module.qualname`` names, the module being the longest importable prefix."""
+    import importlib
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            obj = getattr(obj, part)
+        return obj
+    raise LookupError(name)

@@ -277,7 +277,7 @@ def test_worker_processes_build_into_the_cache_and_the_parent_compiles_nothing(f
 
 def test_a_build_reaches_its_worker_before_this_process_hashes_triton(monkeypatch):
     steps = []  # the hash is only for this process's warmup; the first builds of a start used to wait for it
-    monkeypatch.setattr(triton_build, "compile_in_process", lambda *args: steps.append("worker compiles"))
+    monkeypatch.setattr(triton_build, "compile_shipped", lambda *args: steps.append("worker compiles"))
     monkeypatch.setattr(triton_build, "hash_triton_install", lambda: steps.append("this process hashes Triton"))
     x = torch.zeros(64)
     [build] = bt.triton_builds("add", K.add_kernel, x, x, x, 32, BLOCK=128)
@@ -312,25 +312,84 @@ def test_a_worker_forked_warm_compiles_nothing_more_before_its_first_build(tmp_p
     assert done.returncode == 0 and done.stdout.split() == ["forked", "warm"], done.stderr[-3000:]
 
 
-def test_a_kernel_workers_cannot_import_builds_in_a_thread(tmp_path, parent_compiles):
+KERNELS_THAT_NOTE_THEIR_IMPORT = """\
+import os
+import triton
+import triton.language as tl
+
+with open(os.environ["IMPORTED_BY"], "a") as log:  # who imported this module: the parent, or a worker too?
+    log.write(f"{os.getpid()}\\n")
+
+SCALE = tl.constexpr(3)
+
+
+@triton.jit
+def _scaled(x):
+    return x * SCALE
+
+
+@triton.jit
+def copy(x, y, BLOCK: tl.constexpr):
+    tl.store(y + tl.arange(0, BLOCK), _scaled(tl.load(x + tl.arange(0, BLOCK))))
+"""
+
+
+def _module_from(path, name):
     import importlib.util
     import sys
-    source = tmp_path / "hidden_kernels.py"
-    source.write_text("import triton\nimport triton.language as tl\n\n"
-                      "@triton.jit\ndef copy(x, y, BLOCK: tl.constexpr):\n"
-                      "    tl.store(y + tl.arange(0, BLOCK), tl.load(x + tl.arange(0, BLOCK)))\n")
-    spec = importlib.util.spec_from_file_location("hidden_kernels_for_buildops_test", source)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # importable here by name, but not by a worker: its file is off sys.path
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    return module
+
+
+def test_a_worker_builds_a_kernel_from_its_source_without_importing_its_module(tmp_path, monkeypatch,
+                                                                              parent_compiles):
+    import sys
+    (tmp_path / "noted_kernels.py").write_text(KERNELS_THAT_NOTE_THEIR_IMPORT)
+    monkeypatch.setenv("IMPORTED_BY", str(tmp_path / "imported_by"))
+    monkeypatch.syspath_prepend(str(tmp_path))  # a worker could import it by name: it must not need to
+    module = _module_from(tmp_path / "noted_kernels.py", "noted_kernels")
     try:
         x = torch.zeros(64)
-        builds = bt.triton_builds("copy", module.copy, x, x, BLOCK=64)
+        [build] = bt.triton_builds("copy", module.copy, x, x, BLOCK=64)
         with settings.scope(executor="processes", threads=1):
-            buildops._core.default.default_builder().submit(builds[0]).result(WAIT * 6)
-        assert parent_compiles == [True]  # compiled here, in the builder's thread
+            buildops._core.default.default_builder().submit(build).result(WAIT * 6)
+        assert parent_compiles == [False]  # a worker compiled it: the parent's own warmup was a disk-cache hit
+        assert build.run.where is None and build.run.cached is False
+        assert (tmp_path / "imported_by").read_text().split() == [str(os.getpid())]  # by no worker
     finally:
-        del sys.modules[spec.name]
+        del sys.modules["noted_kernels"]
+
+
+def test_a_kernel_whose_source_cannot_travel_is_built_where_it_can_and_the_report_says_why(tmp_path,
+                                                                                           parent_compiles):
+    import enum
+    import sys
+    source = tmp_path / "hidden_kernels.py"
+    source.write_text("import enum\nimport triton\nimport triton.language as tl\n\n"
+                      "class Mode(enum.Enum):\n    COPY = 1\n\n"
+                      "MODE = tl.constexpr(Mode.COPY)\n\n"
+                      "@triton.jit\ndef copy(x, y, BLOCK: tl.constexpr):\n"
+                      "    if MODE == MODE:\n"
+                      "        tl.store(y + tl.arange(0, BLOCK), tl.load(x + tl.arange(0, BLOCK)))\n")
+    # Importable here by name, but not by a worker (its file is off sys.path); its constexpr is of a class of its
+    # own, which a worker could unpickle only by importing it.
+    module = _module_from(source, "hidden_kernels_for_buildops_test")
+    assert isinstance(module.Mode.COPY, enum.Enum)
+    try:
+        x = torch.zeros(64)
+        [build] = bt.triton_builds("copy", module.copy, x, x, BLOCK=64)
+        with settings.scope(executor="processes", threads=1):
+            buildops._core.default.default_builder().submit(build).result(WAIT * 6)
+        assert parent_compiles == [True]  # compiled here, in the builder's thread
+        where = build.run.where
+        assert where.startswith("this process (") and "reads MODE" in where and "import" in where
+        [line] = [text for text in report().format().splitlines() if "compiled in" in text]
+        assert line.startswith("triton: 1 build(s) compiled in this process (") and "reads MODE" in line
+    finally:
+        del sys.modules["hidden_kernels_for_buildops_test"]
 
 
 def test_a_worker_killed_mid_build_does_not_hang_the_pass(fresh_triton, caplog):

@@ -32,6 +32,9 @@ class Build:
       * ``run`` may have a ``skipped`` attribute (``str | None``), set by the call when it returns: the reason
         it had nothing to compile (e.g. Triton's interpreter mode runs kernels uncompiled), or None. A skipped
         build is counted as skipped with its reason, not as prebuilt.
+      * ``run`` may have a ``where`` attribute (``str | None``), set by the call when it returns: where it
+        compiled and why, when that is not where the library's builds go by default (e.g. "this process (...)"
+        for a Triton kernel that could not go to a worker process), or None. Reports count builds by it.
       * ``after`` (serial builds only) names the keys of normal builds this one needs done: the serial worker
         runs it once they are (keys never submitted, or cancelled, count as done). ``run`` need not wait itself.
       * ``run`` may have an ``abandon()`` method: called once, on the watchdog's thread and under no lock, when
@@ -98,7 +101,7 @@ class BuildRecord:
     ran). For a built build, ``cached`` and ``skipped`` are what its run said (the :class:`Build` contract),
     taken from the run when the record is made unless given: ``cached`` True if the artifact was found already
     in the library's cache, False if it compiled, None if unknown; ``skipped`` the reason it had nothing to
-    compile, or None."""
+    compile, or None; ``where`` where it compiled, if not where its library's builds go by default, or None."""
 
     build: Build
     state: BuildState
@@ -108,6 +111,7 @@ class BuildRecord:
     error: BaseException | None
     cached: bool | None = None
     skipped: str | None = None
+    where: str | None = None
 
     def __post_init__(self) -> None:
         if self.state is not BuildState.BUILT:
@@ -119,6 +123,9 @@ class BuildRecord:
         if self.skipped is None:
             skipped = getattr(run, "skipped", None)
             object.__setattr__(self, "skipped", str(skipped) if skipped else None)
+        if self.where is None:
+            where = getattr(run, "where", None)
+            object.__setattr__(self, "where", str(where) if where else None)
 
 
 @dataclass(eq=False)

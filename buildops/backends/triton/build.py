@@ -21,9 +21,10 @@ from triton.runtime.jit import JITFunction
 from ..._config import triton_executor
 from ..._runtime.forking import forget_in_child
 from . import worker
-from .driver import compile_only, inner_jit
+from .driver import compile_only, inner_jit, kernel_name
 from .patches import building
 from .pool import workers
+from .shipping import ShippedKernel, describe
 
 __all__ = ["LAUNCHER_WAIT_SECONDS", "WarmupRun", "hash_triton_install"]
 
@@ -72,6 +73,35 @@ class WarmupRun:
         self._in_worker = False
         self.cached: bool | None = None
         self.skipped: str | None = None
+        self.where: str | None = None
+
+    def _compile_in_worker(self) -> tuple[bool | None, str | None]:
+        """Compile in a worker process: from the kernel's source where it travels (nothing of the user's is
+        imported there), else by importing its module there; else leave it to this thread. Returns whether the
+        worker compiled (None: no worker did, or it did not say) and, where it was not from source, where the
+        build compiles and why (the ``Build`` contract's ``where``)."""
+        label = kernel_name(self.jit)
+        try:
+            pickle.dumps((self.args, self.kwargs))
+        except Exception:  # noqa: BLE001 - whatever stops them pickling
+            return None, "this process (its launch's arguments do not travel to a worker)"
+        shipped = describe(self.jit)
+        if isinstance(shipped, ShippedKernel):
+            try:
+                return compile_shipped(label, shipped, self.args, self.kwargs, self.target, self.given_up), None
+            except Exception as exc:  # this thread's own compile gives the real error, if any
+                if self.given_up.is_set():
+                    raise
+                logger.debug("buildops: the worker's build of %s from source failed; building it in a thread",
+                             label, exc_info=True)
+                return None, f"this process (its source, sent to a worker, failed there: {type(exc).__name__})"
+        reference = picklable_reference(self.jit, self.args, self.kwargs)
+        if reference is None:
+            return None, f"this process ({shipped}; nor can a worker import it)"
+        compiled = compile_in_process(reference, self.args, self.kwargs, self.target, self.given_up)
+        if compiled is None:
+            return None, f"this process ({shipped}; nor could a worker import it)"
+        return compiled, f"a worker that imported {reference[0]} ({shipped})"
 
     def abandon(self) -> None:
         """Given up as timed out (``Build`` contract): stop the workers if the compile is stuck in one."""
@@ -82,13 +112,11 @@ class WarmupRun:
     def __call__(self) -> Any:
         compiled: bool | None = None  # by a worker process: None where none compiled it
         if triton_executor() == "processes":
-            reference = picklable_reference(self.jit, self.args, self.kwargs)
-            if reference is not None:
-                self._in_worker = True
-                try:
-                    compiled = compile_in_process(reference, self.args, self.kwargs, self.target, self.given_up)
-                finally:
-                    self._in_worker = False
+            self._in_worker = True
+            try:
+                compiled, self.where = self._compile_in_worker()
+            finally:
+                self._in_worker = False
         # Only after the worker's compile, which did not need this process's hash of the install.
         hash_triton_install()
         with building():
@@ -189,4 +217,15 @@ def compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict, th
         logger.debug("buildops: worker cannot import %s.%s; building it in a thread", module, qualname,
                      exc_info=True)
         return None
+    return compiled if isinstance(compiled, bool) else None
+
+
+def compile_shipped(label: str, shipped: ShippedKernel, args: tuple, kwargs: dict, the_target: GPUTarget,
+                    given_up: threading.Event | None = None) -> bool | None:
+    """Compile a kernel that travels as source in a worker process; whether it compiled (False: it found the
+    variant cached), or None where it did not say. The arguments must pickle. Raises what the worker raised
+    (``shipping.KeyMismatch``: the source did not rebuild the same kernel), or ``RuntimeError`` where the build
+    was given up or crashed twice."""
+    compiled = workers.run(label, worker.compile_shipped, shipped, args, kwargs, knobs.cache.dir,
+                           (the_target.backend, the_target.arch, the_target.warp_size), given_up=given_up)
     return compiled if isinstance(compiled, bool) else None

@@ -1,8 +1,8 @@
 """What runs inside a Triton build worker process: compile one kernel variant into the shared Triton cache.
 
-Kept apart from the rest of the Triton backend, and torch-free at import, so that a worker imports only this,
-Triton, and the kernel's own module. Workers never initialise a GPU: they compile for the target each build names
-through a compile-only driver.
+Kept apart from the rest of the Triton backend, and torch-free at import, so that a worker imports only this and
+Triton: a kernel comes as source (:mod:`.shipping`), or, where it cannot, by its module's name. Workers never
+initialise a GPU: they compile for the target each build names through a compile-only driver.
 """
 
 from __future__ import annotations
@@ -108,14 +108,28 @@ def resolve(module: str, qualname: str) -> Any:
 
 def compile_variant(module: str, qualname: str, args: tuple, kwargs: dict, cache_dir: str,
                     target: tuple[str, int, int]) -> bool | None:
-    """Compile one variant for ``target`` (backend, arch, warp size) into ``cache_dir``. Returns whether it
-    compiled: False where the variant was in Triton's cache already (on disk, or in this worker's memory), None
-    where Triton does not say. The parent then loads it from disk."""
+    """Compile one variant of the kernel ``module.qualname`` (imported here) for ``target`` (backend, arch, warp
+    size) into ``cache_dir``. Returns whether it compiled: False where the variant was in Triton's cache already
+    (on disk, or in this worker's memory), None where Triton does not say. The parent then loads it from disk."""
     from .driver import inner_jit
 
+    return _compile(inner_jit(resolve(module, qualname)), args, kwargs, cache_dir, target)
+
+
+def compile_shipped(shipped: Any, args: tuple, kwargs: dict, cache_dir: str,
+                    target: tuple[str, int, int]) -> bool | None:
+    """As :func:`compile_variant`, for a kernel that travelled as source (``shipping.ShippedKernel``): nothing of
+    the user's is imported. Raises ``shipping.KeyMismatch`` where the rebuilt kernel's cache key is not the
+    parent's, before compiling anything."""
+    from .shipping import rebuild
+
+    use_target(*target)  # before rebuilding: Triton's binder is made per device of the active driver
+    return _compile(rebuild(shipped), args, kwargs, cache_dir, target)
+
+
+def _compile(jit: Any, args: tuple, kwargs: dict, cache_dir: str, target: tuple[str, int, int]) -> bool | None:
     use_target(*target)
     os.environ["TRITON_CACHE_DIR"] = cache_dir
-    jit = inner_jit(resolve(module, qualname))
     with watching_compiles() as compiles:
         jit.warmup(*args, grid=(1,), **kwargs)
     cached = found_cached(compiles)
