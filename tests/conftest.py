@@ -1,4 +1,5 @@
 import threading
+import time
 
 import pytest
 import torch
@@ -6,6 +7,29 @@ import torch
 from buildops import Build
 
 WAIT = 10.0  # every wait in the tests has a timeout, so a bug fails instead of hanging
+
+
+def waiting_on(builder):
+    """An event set each time ``builder.wait`` begins: ``wait_for`` calls it once it has expedited its builds."""
+    began = threading.Event()
+    wait = builder.wait
+
+    def waits(*args, **kwargs):
+        began.set()
+        return wait(*args, **kwargs)
+
+    builder.wait = waits
+    return began
+
+
+def until(reached, timeout=WAIT):
+    """Wait until ``reached()`` is true (a state another thread gets to, not a time); False if it never is."""
+    deadline = time.monotonic() + timeout
+    while not reached():
+        if time.monotonic() > deadline:
+            return False
+        threading.Event().wait(0.005)
+    return True
 
 
 def pytest_collection_modifyitems(config, items):

@@ -26,3 +26,15 @@ def imported(prefix: str) -> list[str]:
     """The modules this worker has imported whose names start with ``prefix``."""
     import sys
     return sorted(name for name in sys.modules if name == prefix or name.startswith(prefix + "."))
+
+
+def wait_for_file(path: str) -> None:
+    """Hold a worker until ``path`` exists (a test's gate across processes)."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def append_line(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")

@@ -1,3 +1,4 @@
+import concurrent.futures
 import os
 import sys
 import threading
@@ -11,7 +12,7 @@ from buildops import Build, BuildState, ConfigError, settings
 from buildops._core.builder import Builder
 from buildops._core.default import current_builder, default_builder
 
-from conftest import WAIT
+from conftest import WAIT, waiting_on
 
 
 def test_submit_dedups_by_key_in_every_state(runs):
@@ -542,3 +543,165 @@ def test_shutdown_does_not_wait_for_a_build_given_up_meanwhile(runs):
     stopping.join(WAIT)
     assert not stopping.is_alive()  # it returned once the build was given up, though its thread still runs
     gate.set()
+
+
+# -- serving first ----------------------------------------------------------------------------------------------
+
+
+def wait_for_in_thread(builder, futures, op="serving"):
+    """``builder.wait_for(futures, op)`` on a thread, as an op's call outside a pass makes it. Returns the thread,
+    a list that gets what the wait returned, and an event set once it has expedited and begun waiting."""
+    waiting, outcome = waiting_on(builder), []
+    thread = threading.Thread(target=lambda: outcome.append(builder.wait_for(futures, op, timeout=WAIT)))
+    thread.start()
+    return thread, outcome, waiting
+
+
+def test_a_build_a_serving_call_waits_for_runs_next(runs):
+    builder = Builder(threads=1)
+    gate = threading.Event()
+    try:
+        builder.submit(runs.build("op", "first", gate=gate))
+        queued = [builder.submit(runs.build("op", f"queued {n}")) for n in range(1, 6)]
+        assert runs.started.wait(WAIT)
+        thread, outcome, waiting = wait_for_in_thread(builder, [queued[4]])
+        assert waiting.wait(WAIT)
+        gate.set()
+        thread.join(WAIT)
+        assert outcome == [True]
+        assert builder.join(timeout=WAIT)
+        assert runs.calls == ["first", "queued 5", "queued 1", "queued 2", "queued 3", "queued 4"]
+        assert builder.stats()["serving"].wait_seconds > 0
+    finally:
+        gate.set()
+        builder.shutdown()
+
+
+def test_expedited_builds_keep_their_order_ahead_of_the_others(runs):
+    builder = Builder(threads=1)
+    gate = threading.Event()
+    try:
+        builder.submit(runs.build("op", "first", gate=gate))
+        queued = [builder.submit(runs.build("op", n)) for n in range(6)]
+        assert runs.started.wait(WAIT)
+        assert builder.expedite([queued[4], queued[2]]) == 2
+        assert builder.expedite([queued[5]]) == 1  # behind the two expedited before it
+        assert builder.expedite([queued[2], queued[5]]) == 0  # already ahead: nothing moves
+        gate.set()
+        assert builder.join(timeout=WAIT)
+        assert runs.calls == ["first", 2, 4, 5, 0, 1, 3]
+    finally:
+        gate.set()
+        builder.shutdown()
+
+
+def test_expediting_a_build_running_or_done_changes_nothing(runs):
+    builder = Builder(threads=1)
+    gate = threading.Event()
+    try:
+        done = builder.submit(runs.build("op", "done"))
+        assert done.result(WAIT) == "done"
+        runs.started.clear()
+        running = builder.submit(runs.build("op", "running", gate=gate))
+        queued = [builder.submit(runs.build("op", n)) for n in range(3)]
+        assert runs.started.wait(WAIT)
+        assert builder.expedite([done, running]) == 0
+        assert builder.expedite([]) == 0
+        gate.set()
+        assert all(f.result(WAIT) is not None for f in queued)
+        assert runs.calls == ["done", "running", 0, 1, 2]
+    finally:
+        gate.set()
+        builder.shutdown()
+
+
+def test_expediting_skips_cancelled_builds(runs):
+    builder = Builder(threads=1)
+    gate = threading.Event()
+    try:
+        builder.submit(runs.build("op", "first", gate=gate))
+        by_pass = builder.submit(runs.build("op", "cancelled by its pass"), owner="pass")
+        by_owner = builder.submit(runs.build("op", "cancelled through its future"))
+        wanted = builder.submit(runs.build("op", "wanted"))
+        builder.submit(runs.build("op", "last"))
+        assert runs.started.wait(WAIT)
+        assert builder.cancel([by_pass], releases=lambda owner: owner == "pass") == 1
+        assert by_owner.cancel()
+        assert builder.expedite([by_pass, by_owner, wanted]) == 1
+        gate.set()
+        assert builder.join(timeout=WAIT)
+        assert runs.calls == ["first", "wanted", "last"]
+        assert by_pass.cancelled() and by_owner.cancelled()
+    finally:
+        gate.set()
+        builder.shutdown()
+
+
+def test_an_expedited_serial_build_goes_first_with_the_compiles_it_needs(runs):
+    builder = Builder(threads=1)
+    gate, tuning, tune_started = threading.Event(), threading.Event(), threading.Event()
+    try:
+        builder.submit(runs.build("op", "first", gate=gate))
+        for n in range(1, 5):
+            builder.submit(runs.build("op", f"compile {n}"))
+        builder.submit(Build("op", "tune in progress", lambda: tune_started.set() or tuning.wait(WAIT), serial=True))
+        assert tune_started.wait(WAIT) and runs.started.wait(WAIT)  # both workers busy: the rest wait in queues
+        tunes = [builder.submit(replace(runs.build("op", f"tune after {n}"), serial=True, after=(f"compile {n}",)))
+                 for n in (1, 4)]
+        assert builder.expedite([tunes[1]]) == 2  # the tune, and the one compile it runs after
+        tuning.set()
+        gate.set()
+        assert all(t.result(WAIT) for t in tunes)
+        assert builder.join(timeout=WAIT)
+        compiles = [c for c in runs.calls if c.startswith(("first", "compile"))]
+        assert compiles == ["first", "compile 4", "compile 1", "compile 2", "compile 3"]
+        tuned = [c for c in runs.calls if c.startswith("tune")]
+        assert tuned == ["tune after 4", "tune after 1"]
+    finally:
+        gate.set()
+        tuning.set()
+        builder.shutdown()
+
+
+def test_while_an_urgent_serial_build_waits_for_its_compiles_no_other_takes_the_worker(monkeypatch):
+    from buildops._core.build import Record
+    from buildops._core.serial import SerialQueue
+
+    monkeypatch.setattr(buildops._core.serial, "AFTER_WAIT_SECONDS", 0.0)  # whoever waits is past its patience
+    built: set[str] = set()
+    changed = threading.Condition()
+    serial = SerialQueue(changed, lambda key: key in built, lambda: False)
+
+    def record(key, after=()):
+        return Record(Build("op", key, lambda: None, serial=True, after=after), concurrent.futures.Future())
+
+    ready, waiting = record("ready"), record("needs a compile", after=("compile",))
+    with changed:
+        serial.put_locked(ready)
+        serial.put_locked(waiting)
+        assert serial.expedite_locked(waiting) and not serial.expedite_locked(waiting)
+        assert serial.pending == [waiting, ready]
+    assert serial.take() is waiting  # not the ready one: it runs regardless, as one waiting too long does
+    assert serial.take() is ready
+
+
+def test_a_queued_record_put_back_keeps_its_lane():
+    from buildops._core.lanes import Lanes
+
+    class Item:
+        def __init__(self, name):
+            self.name, self.urgent = name, False
+
+    lanes = Lanes(threading.Condition())
+    a, b, c = Item("a"), Item("b"), Item("c")
+    for item in (a, b, c):
+        lanes.put(item)
+    with lanes._changed:
+        assert lanes.expedite_locked([c]) == 1
+    assert lanes.take() is c
+    lanes.put(c)  # put back, as a worker does when another process of the node builds its key
+    assert [lanes.take().name for _ in range(3)] == ["c", "a", "b"]
+    lanes.put(None)
+    lanes.put(c)
+    assert lanes.take() is c  # urgent still: ahead of a stop
+    assert lanes.take() is None

@@ -94,3 +94,30 @@ def test_a_lock_directory_that_cannot_be_made_leaves_builds_unshared(runs, tmp_p
     with caplog.at_level("WARNING", logger="buildops"):
         assert default_builder().submit(runs.build("op", "key")).result(WAIT) == "key"
     assert any("BUILDOPS_NODE_LOCKS" in r.getMessage() for r in caplog.records)
+
+
+def test_a_build_a_serving_call_waits_for_stays_first_while_another_process_builds_it(runs):
+    from conftest import Runs, until
+
+    elsewhere = Runs()
+    held, blocker = threading.Event(), threading.Event()
+    first, second = Builder(threads=1), Builder(threads=1)  # two claimants, as two processes would be
+    try:
+        first.submit(elsewhere.build("op", "shared", gate=held))
+        assert elsewhere.started.wait(WAIT)
+        second.submit(runs.build("op", "blocker", gate=blocker))
+        assert runs.started.wait(WAIT)
+        second.submit(runs.build("op", "no one waits for it"))
+        shared = second.submit(runs.build("op", "shared"))
+        assert second.expedite([shared]) == 1
+        blocker.set()
+        record = second._records["shared"]
+        assert until(lambda: record.refused_since is not None)  # claimed elsewhere: put back, still urgent
+        held.set()
+        assert shared.result(WAIT) == "shared" and second.join(timeout=WAIT)
+        assert runs.calls == ["blocker", "shared", "no one waits for it"]
+    finally:
+        held.set()
+        blocker.set()
+        first.shutdown()
+        second.shutdown()

@@ -20,10 +20,10 @@ from buildops import (
     report,
     settings,
 )
-from buildops._core.default import current_builder
+from buildops._core.default import current_builder, default_builder
 from buildops.testing import record_listings
 
-from conftest import WAIT
+from conftest import WAIT, waiting_on
 
 
 def make_rmsnorm(runs=None, gate=None, fail=False):
@@ -113,6 +113,34 @@ def test_op_outside_a_pass_waits_for_its_own_build(runs):
     assert not caller.is_alive() and result["out"].shape == (2, 8)
     assert report().ops[0].wait_seconds > 0.2
     assert not rmsnorm._self_op.pending  # settled: later calls take the fast path
+
+
+def test_a_serving_call_moves_its_builds_ahead_of_the_rest_of_the_start(runs):
+    gate = threading.Event()
+    rmsnorm, _ = make_rmsnorm(runs)
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", dim=0, sweep=[1, 2, 3])), output="x")
+    def other(x):
+        return x
+
+    other.lister(lambda x: [runs.build("other", ("other", x.shape[0]))])
+    with settings.scope(threads=1):
+        builder = default_builder()
+        builder.submit(runs.build("blocker", "blocker", gate=gate))  # holds the one worker
+        with rehearsal("startup"):
+            other(torch.zeros(3, 4))
+            rmsnorm(torch.randn(4, 8), torch.ones(8))
+    assert runs.started.wait(WAIT)
+    waiting = waiting_on(builder)
+    result = {}
+    caller = threading.Thread(target=lambda: result.setdefault("out", rmsnorm(torch.ones(2, 8), torch.ones(8))))
+    caller.start()
+    assert waiting.wait(WAIT)
+    gate.set()
+    caller.join(WAIT)
+    assert not caller.is_alive() and result["out"].shape == (2, 8)
+    assert buildops.join(timeout=WAIT)
+    assert runs.calls == ["blocker", ("rmsnorm", torch.float32, 8), ("other", 1), ("other", 2), ("other", 3)]
 
 
 def test_methods_and_module_forward_keep_their_identity(runs):

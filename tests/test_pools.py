@@ -512,3 +512,39 @@ def test_the_readme_example_runs_with_worker_processes(tmp_path, guarded):
     assert "as it is imported" not in done.stderr, done.stderr[-3000:]  # no worker ran the example
     prebuilt = [int(m.group(1)) for m in map(re.compile(r"triton: (\d+) kernel\(s\) prebuilt").match, lines) if m]
     assert prebuilt and prebuilt[0] > 0, done.stdout
+
+
+def test_a_call_for_an_urgent_build_gets_the_next_free_worker(tmp_path):
+    """More calls than workers wait for turns, not in the executor's own first-in, first-out queue: a build that
+    a serving call waits for goes first, even where it became urgent while it waited."""
+    import threading
+
+    from buildops._runtime.turns import urgency
+
+    import pool_tasks
+    from conftest import WAIT, until
+
+    gate, order = tmp_path / "gate", tmp_path / "order"
+    expedited = threading.Event()
+    pool = WorkerPool("test", lambda: 1)
+
+    def call(line, urgent=lambda: False):
+        with urgency(urgent):
+            pool.run(line, pool_tasks.append_line, str(order), line)
+
+    try:
+        holder, _ = call_in_thread(pool, "holder", pool_tasks.wait_for_file, str(gate))
+        assert until(lambda: pool._turns._held == 1)
+        callers = [threading.Thread(target=call, args=("queued first",)),
+                   threading.Thread(target=call, args=("expedited", expedited.is_set))]
+        for n, caller in enumerate(callers, start=1):
+            caller.start()
+            assert until(lambda n=n: len(pool._turns._waiting) == n)
+        expedited.set()  # as Builder.expedite marks a build already waiting for a worker
+        gate.touch()
+        for thread in (holder, *callers):
+            thread.join(WAIT)
+        assert order.read_text().splitlines() == ["expedited", "queued first"]
+    finally:
+        gate.touch()
+        pool.shutdown()

@@ -132,3 +132,33 @@ def test_a_patch_of_an_inherited_attribute_leaves_the_base_visible_again():
     assert "fn" not in vars(Owner)  # not a copy of the base's: a later change to the base shows through
     Base.fn = lambda self: "changed"
     assert Owner().fn() == "changed"
+
+
+def test_a_turn_goes_to_the_first_urgent_waiter_else_to_the_oldest():
+    from buildops._runtime.turns import Turns, urgency
+
+    from conftest import until
+
+    turns, order, release = Turns(), [], threading.Event()
+    flags = {"a": False, "b": False, "c": False}
+
+    def take(name):
+        with urgency(lambda: flags[name]), turns.turn():
+            order.append(name)
+            if name == "holder":
+                assert release.wait(WAIT)
+
+    flags["holder"] = False
+    threads = [threading.Thread(target=take, args=(name,)) for name in ("holder", "a", "b", "c")]
+    threads[0].start()  # no limit yet: it waits like the others until the pool starts
+    assert until(lambda: len(turns._waiting) == 1)
+    turns.set_limit(1)
+    assert until(lambda: order == ["holder"])
+    for n, thread in enumerate(threads[1:], start=1):
+        thread.start()
+        assert until(lambda n=n: len(turns._waiting) == n)
+    flags["c"] = True  # urgent after it began to wait
+    release.set()
+    for thread in threads:
+        thread.join(WAIT)
+    assert order == ["holder", "c", "a", "b"] and turns._held == 0

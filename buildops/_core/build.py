@@ -143,6 +143,7 @@ class Record:
     error: BaseException | None = None
     settled: bool = False  # finished or cancelled: no longer counted in flight
     queued: float = 0.0  # time.monotonic() when it last joined a queue (serial builds)
+    urgent: bool = False  # a serving call waits for it: it goes ahead of the builds no one waits for
     timeout: float = 0.0  # BUILDOPS_BUILD_TIMEOUT when it was submitted (0: none)
     deadline: float | None = None  # time.monotonic() at which it is given up, while it runs with a timeout
     thread: threading.Thread | None = None  # the worker running it

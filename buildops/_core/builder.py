@@ -4,10 +4,15 @@ Concurrency model:
   * One lock guards the builder's tables (records by key, per-op statistics). Nothing is built while it is held.
   * ``submit`` dedups by build key: a key queued, building or built returns the future it already has; a key
     whose build was cancelled may be submitted again.
-  * Workers take records off a FIFO queue; builds marked ``serial`` go to a :class:`~.serial.SerialQueue` with a
-    worker of its own.
+  * Workers take records off a queue of two lanes (:mod:`.lanes`): urgent, then first in, first out. Builds
+    marked ``serial`` go to a :class:`~.serial.SerialQueue` with a worker of its own.
+  * Serving goes first: ``wait_for`` (an op's call outside a pass) expedites the builds it waits for that are still
+    queued, ahead of every build not expedited, a serial one with the normal builds it runs after; builds that no
+    one waits for run behind them, and go on after the pass that queued them ends (only a raising pass body or
+    ``shutdown`` cancels them). In a worker pool, a build expedited while it waits for a worker process goes first
+    too (:mod:`buildops._runtime.turns`). Passes and ``join`` expedite nothing.
   * A shared build is claimed across the node first (:mod:`.claims`); one another process holds goes to the back
-    of the queue.
+    of its lane.
   * A record whose future was cancelled before a worker reached it is skipped
     (``Future.set_running_or_notify_cancel``), so a cancelled build never runs.
   * A build that raises is marked failed, logged once with its traceback and counted; its future holds the
@@ -24,7 +29,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -34,9 +38,11 @@ from typing import Any, Protocol
 from .._config import settings
 from .._runtime import gil
 from .._runtime.node import node_claims
+from .._runtime.turns import urgency
 from . import extensions
 from .build import Build, BuildRecord, BuildState, BuildTimeoutError, OpStats, Record
 from .claims import claim, release
+from .lanes import Lanes
 from .serial import SerialQueue
 from .waiting import wait_until_done
 from .watchdog import Watchdog, abandon, stuck, stuck_gpu_builds
@@ -61,13 +67,15 @@ class Builder:
     def __init__(self, threads: int | None = None) -> None:
         self.threads = threads if threads is not None else settings.threads
         self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[Record | None] = queue.SimpleQueue()
+        self._queue_changed = threading.Condition(self._lock)  # a normal build queued, or a worker to stop
+        self._queue: Lanes[Record] = Lanes(self._queue_changed)
         self._serial_changed = threading.Condition(self._lock)  # a serial build queued, a build done, or closing
         self._serial: SerialQueue[Record] = SerialQueue(self._serial_changed, self._done_locked,
                                                           lambda: self._closed)
         self._serial_worker: threading.Thread | None = None
         self._records: dict[Hashable, Record] = {}
         self._history: list[Record] = []  # every record ever made, cancelled ones included, for reports
+        self._by_future: dict[concurrent.futures.Future[Any], Record] = {}  # the same records, for expedite()
         self._stats: dict[str, OpStats] = {}
         self._workers: list[threading.Thread] = []
         self._busy = 0
@@ -118,11 +126,12 @@ class Builder:
             record = Record(build, concurrent.futures.Future(), {owner}, {build.op}, timeout=timeout)
             self._records[build.key] = record
             self._history.append(record)
+            self._by_future[record.future] = record
             if build.serial:
                 self._serial.put_locked(record)
-                return record.future
-        self._queue.put(record)
-        return record.future
+            else:
+                self._queue.put_locked(record)
+            return record.future
 
     def _start_serial_worker_locked(self) -> None:
         worker = threading.Thread(target=self._work, args=(self._serial.take, self._serial.put),
@@ -133,7 +142,7 @@ class Builder:
     def _start_worker(self) -> None:
         name = f"buildops-worker-{self._started_workers}"
         self._started_workers += 1
-        thread = threading.Thread(target=self._work, args=(self._queue.get, self._queue.put), name=name,
+        thread = threading.Thread(target=self._work, args=(self._queue.take, self._queue.put), name=name,
                                   daemon=True)
         self._workers.append(thread)
         thread.start()
@@ -185,7 +194,8 @@ class Builder:
                 record.deadline = time.monotonic() + record.timeout
                 self._watchdog.watch_locked(record)
         try:
-            result = record.build.run()
+            with urgency(lambda: record.urgent):
+                result = record.build.run()
         except BaseException as exc:  # noqa: BLE001 - a failed build's op compiles on first use; _finish logs it
             if self._finish(record, time.perf_counter() - start, exc):
                 record.future.set_exception(exc)
@@ -295,6 +305,24 @@ class Builder:
             self._serial_changed.notify_all()  # a cancelled build counts as done for serial builds after it
         return cancelled
 
+    # -- serving first ----------------------------------------------------------------------------------------
+
+    def expedite(self, futures: Iterable[concurrent.futures.Future[Any]]) -> int:
+        """Move the builds of these futures that are still queued ahead of every build not expedited, a serial one
+        with the normal builds it runs after (``Build.after``): what the caller is about to wait for, and only that.
+        Returns how many moved. A build running or done stays as it is, as does a cancelled one (a worker skips
+        it); one running that waits for a worker process goes first there."""
+        with self._lock:
+            found = (self._by_future.get(f) for f in dict.fromkeys(futures))  # once each, in the caller's order
+            records = [r for r in found if r is not None and not r.settled and not r.future.cancelled()]
+            needed = [self._records.get(key) for r in records
+                      if r.build.serial and r.state is BuildState.QUEUED for key in r.build.after]
+            normal = [r for r in records if not r.build.serial]
+            normal += [r for r in needed if r is not None and not r.build.serial and not r.settled
+                       and not r.future.cancelled()]
+            moved = sum(self._serial.expedite_locked(r) for r in records if r.build.serial)
+            return moved + self._queue.expedite_locked(normal)
+
     # -- waiting ----------------------------------------------------------------------------------------------
 
     def wait(self, select: Callable[[Record], bool], timeout: float | None = None, what: str = "builds") -> bool:
@@ -316,10 +344,12 @@ class Builder:
 
     def wait_for(self, futures: Iterable[concurrent.futures.Future[Any]], op: str,
                  timeout: float | None = None) -> bool:
-        """Wait for these futures (an op's call waiting on its builds); the time counts as ``op``'s wait."""
+        """Wait for these futures (an op's call waiting on its builds), expedited first; the time counts as
+        ``op``'s wait."""
         wanted = set(futures)
         start = time.perf_counter()
         try:
+            self.expedite(wanted)
             return self.wait(lambda r: r.future in wanted, timeout, f"builds for {op}")
         finally:
             with self._lock:
@@ -397,11 +427,11 @@ class Builder:
                     self._settle(record)
                     self._cancelled_locked(record)
             workers = list(self._workers)
+            for _ in workers:
+                self._queue.put_locked(None)
             serial = self._serial_worker
             self._serial_changed.notify_all()  # it stops once its list is empty
             self._watch_changed.notify_all()  # the watchdog ends once no run it watches is left
-        for _ in workers:
-            self._queue.put(None)
         if serial is not None:
             workers.append(serial)
         if wait:

@@ -5,6 +5,10 @@ compiles and without holding a compile worker. The worker takes the first serial
 ``after`` builds are done, so it never idles on one build's compiles while another could run; one that waited
 ``AFTER_WAIT_SECONDS`` runs regardless, and copes with what is missing. A serial build may wait for normal
 builds, never the reverse (docs/decisions/0014-autotuning-in-the-build.md).
+
+A serial build that a serving call waits for is expedited: it moves ahead of the others, and while it waits for its
+``after`` builds (which the builder expedites with it) the worker takes no build that is not urgent, so that no
+other tune holds the worker when those are done (docs/decisions/0016-serving-first.md).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ RECHECK_SECONDS = 1.0
 
 class _Queued(Protocol):
     queued: float
+    urgent: bool
     build: Any
     future: Any
 
@@ -44,7 +49,9 @@ class SerialQueue(Generic[Q]):
 
     def put_locked(self, record: Q) -> None:
         record.queued = time.monotonic()
-        self.pending.append(record)
+        # Urgent records stay ahead of the others, in their order: one put back stays urgent.
+        at = self._first_normal() if record.urgent else len(self.pending)
+        self.pending.insert(at, record)
         self._changed.notify_all()
 
     def put(self, record: Q) -> None:
@@ -57,14 +64,17 @@ class SerialQueue(Generic[Q]):
             while True:
                 if self._closed() and not self.pending:
                     return None
+                if not self.pending:
+                    self._changed.wait()  # until a serial build is queued, or the owner closes
+                    continue
+                urgent_waits = any(r.urgent and not r.future.cancelled() for r in self.pending)
                 for record in self.pending:
-                    if record.future.cancelled() or all(self._done_locked(key) for key in record.build.after):
+                    if record.future.cancelled():
+                        break  # taken to be skipped
+                    if (record.urgent or not urgent_waits) and all(self._done_locked(k) for k in record.build.after):
                         break
                 else:
-                    if not self.pending:
-                        self._changed.wait()  # until a serial build is queued, or the owner closes
-                        continue
-                    oldest = self.pending[0]
+                    oldest = self.pending[0]  # urgent, where one waits: urgent records come first
                     patience = AFTER_WAIT_SECONDS - (time.monotonic() - oldest.queued)
                     if patience > 0:
                         self._changed.wait(timeout=min(patience, RECHECK_SECONDS))
@@ -72,3 +82,19 @@ class SerialQueue(Generic[Q]):
                     record = oldest
                 self.pending.remove(record)
                 return record
+
+    def expedite_locked(self, record: Q) -> bool:
+        """Mark ``record`` urgent and, if it waits here, move it behind the urgent records, ahead of the others;
+        True if it moved. A record already urgent is left where it is."""
+        if record.urgent:
+            return False
+        record.urgent = True
+        if record not in self.pending:
+            return False  # running, or taken to run
+        self.pending.remove(record)
+        self.pending.insert(self._first_normal(), record)
+        self._changed.notify_all()  # the worker may be waiting for another record's builds
+        return True
+
+    def _first_normal(self) -> int:
+        return next((i for i, r in enumerate(self.pending) if not r.urgent), len(self.pending))

@@ -12,6 +12,9 @@ imported those modules once), so that each worker does not import torch itself
 (docs/decisions/0002-forkserver-preload.md).
 
 Workers never import the program's main module (:mod:`.main_module`).
+
+Calls take turns at the workers (:mod:`.turns`): a pool admits as many calls at once as it has workers, so none
+waits in the executor's own first-in, first-out queue, and a build that a serving call waits for goes first.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from .._config import settings
 from .forking import forget_in_child
 from .hooks import on_shutdown
 from .main_module import context, ended_importing_main, names_of_main, refuse_while_importing_main
+from .turns import Turns
 
 __all__ = ["WorkerPool"]
 
@@ -94,6 +98,7 @@ class WorkerPool:
         self._starting: list[concurrent.futures.Future] = []
         self._hooked = False
         self._main_ran: str | None = None  # why every call fails at once: a worker imported the main module
+        self._turns = Turns()  # one call per worker at a time, urgent builds first
 
     @property
     def started(self) -> bool:
@@ -119,6 +124,7 @@ class WorkerPool:
                 pool = concurrent.futures.ProcessPoolExecutor(
                     max_workers=workers, mp_context=context(self._preload, self._preload_first),
                     initializer=self._worker_start())
+                self._turns.set_limit(workers)
                 if self._warm_up is not None:
                     self._starting = [pool.submit(self._warm_up) for _ in range(workers)]
                     if self._starting:  # a start that fails for want of the main guard is said now, not later
@@ -155,9 +161,10 @@ class WorkerPool:
         return self._pool is not None and all(f.done() and f.exception() is None for f in self._starting)
 
     def run(self, what: str, fn: Callable, *args: Any, given_up: threading.Event | None = None) -> Any:
-        """``fn(*args)`` in a worker. When a worker crashes, every call in flight on the pool fails with it, so
-        each is retried once, alone in a worker of its own: only the call that crashed it crashes again, and
-        then it raises. A call whose ``given_up`` is set by then (see :meth:`stop_workers`) raises instead.
+        """``fn(*args)`` in a worker, once it has its turn (see the module docstring). When a worker crashes, every
+        call in flight on the pool fails with it, so each is retried once, alone in a worker of its own: only the
+        call that crashed it crashes again, and then it raises. A call whose ``given_up`` is set by then (see
+        :meth:`stop_workers`) raises instead.
 
         Raises:
             ImportError: ``fn`` or ``args`` name something defined in the main module, which workers do not import.
@@ -173,7 +180,9 @@ class WorkerPool:
         processes = _worker_processes(pool)
         self._refuse_if_given_up(what, given_up)
         try:
-            return pool.submit(fn, *args).result()
+            with self._turns.turn():
+                self._refuse_if_given_up(what, given_up)  # it may have been given up while it waited
+                return pool.submit(fn, *args).result()
         except concurrent.futures.process.BrokenProcessPool:
             self._replace(pool)
         self._raise_if_main_ran(list(processes.values()))
@@ -283,7 +292,7 @@ class WorkerPool:
     def _forget(self) -> None:
         self._lock, self._launch_lock, self._launcher = threading.Lock(), threading.Lock(), None
         self._pool, self._starting, self._alone, self._stopping = None, [], set(), []
-        self._main_ran = None
+        self._main_ran, self._turns = None, Turns()
         if self._preload:
             _forget_the_forkserver()
 
