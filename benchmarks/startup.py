@@ -95,7 +95,7 @@ def report_rounds(rounds: list[tuple[dict, dict, dict]], build_per_core: float) 
     rows = []
     for index, (lazy, c, d) in enumerate(rounds, 1):
         bound = 1.1 * max(phase(lazy, "load"), build_per_core)
-        row = (phase(lazy, "load"), bound, after_create(c), phase(c, "load"), phase(c, "wait for GPU builds"),
+        row = (phase(lazy, "load"), bound, after_create(c), phase(c, "load"), phase(c, "wait until ready"),
                phase(c, "collect garbage"), after_create(d), c["first_request_s"] / c["steady_request_median_s"])
         rows.append(row)
         print(f"{index:6d} {row[0]:11.2f} {row[1]:7.2f} {row[2]:18.2f} {'yes' if row[2] <= row[1] else 'no':>4} "

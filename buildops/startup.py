@@ -17,9 +17,10 @@ starting the build workers early.
             model(dummy_context_batch)
             model(dummy_decode_step)
 
-        rehearse_then_load(rehearse, lambda: load_checkpoint(model))
+        rehearse_then_load(rehearse, lambda: load_checkpoint(model))  # ready: the rest of the sweep goes on
         with phase("capture graphs"):
-            capture_cuda_graphs(model)  # buildops.prepare_graph_capture() already ran
+            buildops.prepare_graph_capture()  # a capture waits for every GPU build
+            capture_cuda_graphs(model)
 
 Engines keep their own loaders and runners; these only order and time the steps.
 """
@@ -43,7 +44,9 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from ._config import settings, triton_executor
-from ._core.passes import rehearsal
+from ._core.default import current_builder
+from ._core.passes import BuildPass, rehearsal
+from ._core.watchdog import stuck_gpu_builds
 from ._runtime import gil
 from ._runtime.forking import forget_in_child
 
@@ -258,11 +261,17 @@ def phases(clear: bool = False) -> list[tuple[str, float]]:
 
 
 def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *, name: str = "startup",
-                       overlap: bool = False, freeze_heap: bool = False) -> T:
+                       overlap: bool = False, freeze_heap: bool = False, ready: str = "called") -> T:
     """Run the dummy forwards in a :func:`~buildops.rehearsal` (their builds start), load the checkpoint while the
-    builds run, then wait for the GPU builds, so that what follows (CUDA graph capture, serving) never overlaps
-    them, and collect the rehearsal's garbage. CPU-only builds may still be running; :func:`buildops.join` waits
-    for those too.
+    builds run, wait until serving can begin, and collect the rehearsal's garbage.
+
+    Ready (``ready="called"``, the default) waits for the builds of the shapes the rehearsal's calls were made at,
+    which the engine will certainly call first (an engine names more by calling them in the rehearsal), and for
+    every build that does GPU work (autotuning, DeepGEMM's runs, ``@builds_by_running`` ops), which must not run
+    beside serving. The rest of the sweep (compiles whose only GPU step is a module load) goes on building, behind
+    any build a serving call waits for; each serving call waits only for its own builds, and
+    :func:`buildops.join` waits for them all. A CUDA graph capture waits for every GPU build: call
+    :func:`buildops.prepare_graph_capture` first (the capture guard says so otherwise).
 
     Args:
         rehearse: runs the dummy forwards.
@@ -278,19 +287,21 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
             ``gc.unfreeze()``, neither garbage left before the call nor what becomes garbage later (a model dropped
             in a reference cycle keeps its GPU memory): a price for the engine to weigh. If the call raises, the
             heap is unfrozen, whatever froze it (docs/decisions/0011-freeze-heap-at-end-of-start.md).
+        ready: ``"called"`` (see above), or ``"gpu"``: wait for every GPU build, which on a GPU is the whole
+            sweep (docs/decisions/0018-ready-without-the-sweep.md).
+
+    Raises:
+        ValueError: ``ready`` is neither ``"called"`` nor ``"gpu"`` (before anything runs).
     """
+    if ready not in ("called", "gpu"):
+        raise ValueError(f"rehearse_then_load(ready={ready!r}): expected 'called' (the builds of the shapes the "
+                         f"rehearsal called and those doing GPU work) or 'gpu' (every GPU build)")
     if freeze_heap:
         gc.freeze()
     try:
-        loaded = _rehearse_and_load(rehearse, load, name, overlap)
-        with phase(f"{name}: wait for GPU builds"):
-            from .capture import GraphCaptureDuringBuild, prepare_graph_capture  # here: this module imports no torch
-
-            try:
-                prepare_graph_capture()
-            except GraphCaptureDuringBuild as stuck:  # a build that hangs must not fail a start: its op compiles on
-                # first use, and the capture guard still refuses a CUDA graph capture while it runs
-                logger.warning("%s", stuck)
+        rehearsing, loaded = _rehearse_and_load(rehearse, load, name, overlap)
+        with phase(f"{name}: wait until ready"):
+            _wait_until_ready(rehearsing, ready)
         with phase(f"{name}: collect garbage"):
             # The rehearsal's replays leave objects in reference cycles: collect them now, not in the first
             # request. A full collection: garbage that outlived the load's automatic collections is in the oldest
@@ -305,17 +316,40 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
     return loaded
 
 
-def _rehearse_and_load(rehearse: Callable[[], object], load: Callable[[], T], name: str, overlap: bool) -> T:
+def _wait_until_ready(rehearsing: BuildPass, ready: str) -> None:
+    if ready == "gpu":
+        from .capture import GraphCaptureDuringBuild, prepare_graph_capture  # here: this module imports no torch
+
+        try:
+            prepare_graph_capture()
+        except GraphCaptureDuringBuild as stuck:  # a build that hangs must not fail a start: its op compiles on
+            # first use, and the capture guard still refuses a CUDA graph capture while it runs
+            logger.warning("%s", stuck)
+        return
+    builder = current_builder()
+    if builder is not None:
+        called = rehearsing.called
+        builder.wait(lambda r: r.future in called or (r.build.uses_gpu and not r.build.loads_only),
+                     what="builds serving needs first")
+    stuck = stuck_gpu_builds()
+    if stuck:  # a build that hangs must not fail a start: its op compiles on first use
+        logger.warning("buildops: %d GPU build(s) given up as timed out still run (ops: %s); a CUDA graph capture "
+                       "is refused while they do", len(stuck), ", ".join(sorted({build.op for build in stuck})))
+
+
+def _rehearse_and_load(rehearse: Callable[[], object], load: Callable[[], T], name: str,
+                       overlap: bool) -> tuple[BuildPass, T]:
+    rehearsing = rehearsal(name)
     if not overlap:
-        with phase(f"{name}: rehearsal"), rehearsal(name):
+        with phase(f"{name}: rehearsal"), rehearsing:
             rehearse()
         with phase(f"{name}: load"):
-            return load()
+            return rehearsing, load()
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="buildops-load") as loader:
         with phase(f"{name}: load"):
             loading = loader.submit(load)
             try:
-                with phase(f"{name}: rehearsal"), rehearsal(name):
+                with phase(f"{name}: rehearsal"), rehearsing:
                     rehearse()
             except BaseException:
                 # The load writes into the model: it ends before the caller sees the rehearsal's error, and an
@@ -325,4 +359,4 @@ def _rehearse_and_load(rehearse: Callable[[], object], load: Callable[[], T], na
                     logger.error("buildops: %s: the load failed too, beside the failed rehearsal", name,
                                  exc_info=failed)
                 raise
-            return loading.result()
+            return rehearsing, loading.result()

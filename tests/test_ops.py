@@ -117,7 +117,39 @@ def test_op_outside_a_pass_waits_for_its_own_build(runs):
 
 def test_a_serving_call_moves_its_builds_ahead_of_the_rest_of_the_start(runs):
     gate = threading.Event()
-    rmsnorm, _ = make_rmsnorm(runs)
+
+    def op_swept_at(name, sweep):
+        @lists_kernels(BuildConfig(DynamicSpec("x", dim=0, sweep=sweep)), output="x", name=name)
+        def op(x):
+            return x
+
+        op.lister(lambda x: [runs.build(name, (name, x.shape[0]))])
+        return op
+
+    # Called in the rehearsal at shapes their sweeps do not hold: nothing of theirs goes ahead at the start.
+    other, norm = op_swept_at("other", [1, 2, 3]), op_swept_at("norm", [1, 2])
+    with settings.scope(threads=1):
+        builder = default_builder()
+        builder.submit(runs.build("blocker", "blocker", gate=gate))  # holds the one worker
+        with rehearsal("startup"):
+            other(torch.zeros(5, 4))
+            norm(torch.zeros(5, 8))
+    assert runs.started.wait(WAIT)
+    waiting = waiting_on(builder)
+    result = {}
+    caller = threading.Thread(target=lambda: result.setdefault("out", norm(torch.ones(2, 8))))
+    caller.start()
+    assert waiting.wait(WAIT)
+    gate.set()
+    caller.join(WAIT)
+    assert not caller.is_alive() and result["out"].shape == (2, 8)
+    assert buildops.join(timeout=WAIT)
+    # The serving call's own shape first; not the rest of its op's sweep.
+    assert runs.calls == ["blocker", ("norm", 2), ("other", 1), ("other", 2), ("other", 3), ("norm", 1)]
+
+
+def test_the_shapes_a_rehearsal_calls_go_ahead_of_the_rest_of_the_sweep(runs):
+    gate = threading.Event()
 
     @lists_kernels(BuildConfig(DynamicSpec("x", dim=0, sweep=[1, 2, 3])), output="x")
     def other(x):
@@ -125,22 +157,17 @@ def test_a_serving_call_moves_its_builds_ahead_of_the_rest_of_the_start(runs):
 
     other.lister(lambda x: [runs.build("other", ("other", x.shape[0]))])
     with settings.scope(threads=1):
-        builder = default_builder()
-        builder.submit(runs.build("blocker", "blocker", gate=gate))  # holds the one worker
-        with rehearsal("startup"):
+        default_builder().submit(runs.build("blocker", "blocker", gate=gate))  # holds the one worker
+        assert runs.started.wait(WAIT)
+        with rehearsal("startup") as rehearsing:
             other(torch.zeros(3, 4))
-            rmsnorm(torch.randn(4, 8), torch.ones(8))
-    assert runs.started.wait(WAIT)
-    waiting = waiting_on(builder)
-    result = {}
-    caller = threading.Thread(target=lambda: result.setdefault("out", rmsnorm(torch.ones(2, 8), torch.ones(8))))
-    caller.start()
-    assert waiting.wait(WAIT)
-    gate.set()
-    caller.join(WAIT)
-    assert not caller.is_alive() and result["out"].shape == (2, 8)
-    assert buildops.join(timeout=WAIT)
-    assert runs.calls == ["blocker", ("rmsnorm", torch.float32, 8), ("other", 1), ("other", 2), ("other", 3)]
+            other(torch.zeros(2, 4))  # a later call of the signature, at a swept shape: named too
+            other(torch.zeros(7, 4))  # at a shape the sweep does not hold: lists nothing more
+        gate.set()
+        assert rehearsing.wait_for_called_shapes(timeout=WAIT)
+        assert buildops.join(timeout=WAIT)
+    assert runs.calls == ["blocker", ("other", 3), ("other", 2), ("other", 1)]
+    assert len(rehearsing.called) == 2
 
 
 def test_methods_and_module_forward_keep_their_identity(runs):

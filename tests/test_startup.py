@@ -86,9 +86,63 @@ def test_rehearse_then_load_overlaps_the_load_with_the_builds(runs):
     assert rehearse_then_load(lambda: op(torch.zeros(2, 8)), load) == "weights"
     assert current_builder().state(("op", 8)) is BuildState.BUILT  # joined before returning
     assert [name for name, _ in phases()] == ["create model", "startup: rehearsal", "startup: load",
-                                              "startup: wait for GPU builds", "startup: collect garbage"]
+                                              "startup: wait until ready", "startup: collect garbage"]
     assert all(seconds >= 0 for _, seconds in phases())
     assert buildops.join(timeout=WAIT)
+
+
+def test_ready_waits_for_the_called_shapes_and_gpu_work_not_the_rest_of_the_sweep(runs):
+    rest = threading.Event()  # holds the builds of the swept shapes the rehearsal did not call
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0)), output="x")  # called at 4 rows: swept at 1, 2 and 4
+    def op(x):
+        return x
+
+    def lister(x):
+        rows = x.shape[0]
+        builds = [runs.build("op", ("op", rows), gate=None if rows == 4 else rest, uses_gpu=True, loads_only=True)]
+        if rows == 1:  # GPU work (an autotuning, say) at a shape nobody called: ready waits for it too
+            builds.append(runs.build("op", ("tune", rows), uses_gpu=True, seconds=0.05))
+        return builds
+
+    op.lister(lister)
+    try:
+        with settings.scope(threads=4):
+            assert rehearse_then_load(lambda: op(torch.zeros(4, 8)), lambda: "weights") == "weights"
+            builder = current_builder()
+            assert builder.state(("op", 4)) is BuildState.BUILT and builder.state(("tune", 1)) is BuildState.BUILT
+            assert {builder.state(("op", 1)), builder.state(("op", 2))} <= {BuildState.QUEUED, BuildState.BUILDING}
+            # Serving: a call waits for its own shape's builds only, and one at a shape nobody swept for nothing.
+            assert _returns_soon(lambda: op(torch.zeros(4, 8))) and _returns_soon(lambda: op(torch.zeros(3, 8)))
+            waiting = threading.Thread(target=op, args=(torch.zeros(2, 8),))
+            waiting.start()
+            waiting.join(0.3)
+            assert waiting.is_alive()  # its build is held
+            rest.set()
+            waiting.join(WAIT)
+            assert not waiting.is_alive()
+    finally:
+        rest.set()
+    assert buildops.join(timeout=WAIT) and builder.state(("op", 2)) is BuildState.BUILT
+
+
+def _returns_soon(call) -> bool:
+    done = threading.Event()
+    threading.Thread(target=lambda: (call(), done.set()), daemon=True).start()
+    return done.wait(WAIT / 2)
+
+
+def test_ready_gpu_waits_for_every_gpu_build_and_a_bad_value_is_refused_first(runs):
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0)), output="x")
+    def op(x):
+        return x
+
+    op.lister(lambda x: [runs.build("op", ("op", x.shape[0]), uses_gpu=True, loads_only=True, seconds=0.01)])
+    with pytest.raises(ValueError, match=r"rehearse_then_load\(ready='soon'\): expected 'called'"):
+        rehearse_then_load(lambda: op(torch.zeros(4, 8)), lambda: "weights", ready="soon")
+    assert runs.count() == 0  # nothing ran
+    rehearse_then_load(lambda: op(torch.zeros(4, 8)), lambda: "weights", ready="gpu")
+    assert all(current_builder().state(("op", rows)) is BuildState.BUILT for rows in (1, 2, 4))
 
 
 def test_rehearse_then_load_can_start_the_load_with_the_rehearsal(runs):

@@ -24,6 +24,9 @@ class Build:
         called on any worker thread; its return value is kept on the future; an exception marks the build failed.
       * ``uses_gpu`` is true when ``run`` allocates GPU memory or launches GPU work, so that
         ``join(gpu_only=True)`` waits for it.
+      * ``loads_only`` is true when the only GPU step of a ``uses_gpu`` build is loading what it compiled (a
+        module load: no work launched, no memory taken beyond the module's). A CUDA graph capture still waits for
+        it; the startup recipe's ready does not (:func:`buildops.startup.rehearse_then_load`).
       * ``run`` may have a ``waited`` attribute: the seconds its call spent waiting for other builds (an
         autotuning for its compiles), which reports count apart from its own time.
       * ``run`` may have a ``cached`` attribute (``bool | None``), set by the call when it returns: True if the
@@ -46,6 +49,7 @@ class Build:
     key: Hashable
     run: Callable[[], Any]
     uses_gpu: bool = False
+    loads_only: bool = False  # see the contract
     label: str = ""
     library: str = ""  # "triton", "flashinfer", ...: what the report counts its coverage by
     shared: bool = True  # built once per node: other processes wait, then find it in the library's disk cache

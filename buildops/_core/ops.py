@@ -6,10 +6,10 @@ decoration time the decorators return the function itself: no wrapper, no cost.
 
 Per call:
   * Outside a pass, when none of the op's builds is pending, the call goes straight to the function after one
-    check. When some are pending, the call computes its signature and waits for that signature's builds only.
+    check. When some are pending, the call waits for its own shape's builds only (see ``_own_futures``).
   * Inside a pass, the first call per call signature sweeps the op's dims, lists the builds for each swept shape,
     hands them to the pass, and returns the op's placeholder output; later calls with that signature in the pass
-    return the placeholder only.
+    return the placeholder only. Every call tells the pass its own shape (``BuildPass.note_called``).
 
 Names: an op's default name is its function's qualified name as it reads in code (``make.<locals>.rmsnorm`` reads
 ``rmsnorm``); where another live op of another function already has that name, it is qualified by module
@@ -35,11 +35,11 @@ import wrapt
 
 from .._config import settings
 from .build import Build
-from .builder import on_builder_thread
+from .builder import Builder, on_builder_thread
 from .default import current_builder
 from .listing import materialize, output_template, replay
 from .names import claim_name, described, hold_name, op_name, release_name
-from .passes import BuildPass, _current, active
+from .passes import BuildPass, _current, active, shape_key
 from .signatures import call_signature
 from .specs import BuildConfig, ResolvedConfig, SpecError, TensorSpec, tensor_dims
 
@@ -118,6 +118,9 @@ class _Op:
         self.output = output
         self.lister: Lister | None = None
         self.pending: dict[Hashable, list[concurrent.futures.Future]] = {}
+        # The same futures by swept shape (dims as sorted items), and, once a call asked, by a shape the sweep did
+        # not hold: a serving call waits for its own shape's builds only.
+        self._pending_shapes: dict[Hashable, dict[tuple, list[concurrent.futures.Future]]] = {}
         self._lock = threading.Lock()
         self._templates: dict[Hashable, Any] = {}  # inferred placeholders by the call's full signature
         self.name, self._first_claim = claim_name(fn, name, decorator)
@@ -173,27 +176,62 @@ class _Op:
             signature = self.config.signature(bound.arguments)
         except (TypeError, SpecError, AttributeError):
             return  # the call itself is malformed: let the function raise its own error
-        with self._lock:
-            futures = list(self.pending.get(signature, ()))
         builder = current_builder()
-        if futures and builder is not None:
-            try:
+        if builder is None:
+            return
+        with self._lock:
+            if signature not in self.pending:
+                return
+        try:
+            futures = self._own_futures(builder, bound, signature)
+            if futures:
                 builder.wait_for(futures, self.name)
-            except Exception:  # serving never fails over a wait: the op runs, compiling what it must
-                logger.warning("buildops: %s: waiting for its builds failed; it runs now and compiles what is not "
-                               "built yet", self.name, exc_info=True)
+        except Exception:  # serving never fails over a wait: the op runs, compiling what it must
+            logger.warning("buildops: %s: waiting for its builds failed; it runs now and compiles what is not "
+                           "built yet", self.name, exc_info=True)
+
+    def _own_futures(self, builder: Builder, bound: inspect.BoundArguments,
+                     signature: Hashable) -> list[concurrent.futures.Future]:
+        """The futures of the builds this call needs: those listed for its shape by the sweep; for a shape the
+        sweep did not hold, those of the builds its own listing names (listed once per shape, while builds of
+        the signature are pending); every one of the signature's where its shape cannot be told."""
+        with self._lock:
+            every = list(self.pending.get(signature, ()))
+            shapes = self._pending_shapes.get(signature)
+        try:
+            called = self.config.called(bound.arguments)
+        except SpecError:
+            called = None
+        if called is None or shapes is None:
+            return every
+        shape = shape_key(called)
+        with self._lock:
+            own = shapes.get(shape)
+        if own is not None:
+            return own
+        try:
+            builds = self.builds(bound, called)
+        except Exception:  # a listing that fails here: wait for every build of the signature
+            logger.debug("buildops: %s: listing the builds of a call's shape failed; it waits for every pending "
+                         "build of its signature", self.name, exc_info=True)
+            return every
+        own = [f for f in (builder.future(b.key) for b in builds) if f is not None]
+        with self._lock:
+            shapes[shape] = own
+        return own
 
     def _list(self, build_pass: BuildPass, instance: Any, args: tuple, kwargs: dict) -> Any:
         bound = self._bind(instance, args, kwargs)
         arguments = bound.arguments
         signature = self.config.signature(arguments)
         if build_pass.first_call(self, signature):
-            futures: list[concurrent.futures.Future] = []
-            for dims in self.config.combinations(arguments):
-                builds = self.builds(bound, dims)
-                futures += build_pass.take(self.name, signature, dims, builds)
-            if futures:
-                self._note_pending(signature, futures)
+            by_shape = {shape_key(dims): build_pass.take(self.name, signature, dims, self.builds(bound, dims))
+                        for dims in self.config.combinations(arguments)}
+            if any(by_shape.values()):
+                self._note_pending(signature, by_shape)
+        called = self.config.called(arguments)
+        if called is not None:
+            build_pass.note_called(self.name, signature, called)
         return self._placeholder(bound)
 
     def builds(self, bound: inspect.BoundArguments, dims: Mapping[str, int]) -> list[Build]:
@@ -264,12 +302,16 @@ class _Op:
 
     # -- pending builds ---------------------------------------------------------------------------------------
 
-    def _note_pending(self, signature: Hashable, futures: list[concurrent.futures.Future]) -> None:
+    def _note_pending(self, signature: Hashable, by_shape: dict[tuple, list[concurrent.futures.Future]]) -> None:
         builder = current_builder()
         if builder is None:
             return
+        futures = [f for listed in by_shape.values() for f in listed]
         with self._lock:
             self.pending.setdefault(signature, []).extend(futures)
+            shapes = self._pending_shapes.setdefault(signature, {})
+            for shape, listed in by_shape.items():
+                shapes.setdefault(shape, []).extend(listed)
             builder.waiting_ops.add(self)
         for future in futures:  # outside the lock: a done future runs its callback right here
             future.add_done_callback(functools.partial(self._settle, signature))
@@ -279,6 +321,7 @@ class _Op:
             futures = self.pending.get(signature)
             if futures is not None and all(f.done() for f in futures):
                 del self.pending[signature]
+                self._pending_shapes.pop(signature, None)
             if not self.pending:
                 builder = current_builder()
                 if builder is not None:
@@ -288,6 +331,7 @@ class _Op:
         """Drop every pending future (the builder that owned them is gone: shut down, or in a forked child)."""
         self._lock = threading.Lock()  # after a fork the parent's lock may be held by a thread that is gone
         self.pending = {}
+        self._pending_shapes = {}
 
 
 _TEMPLATES_KEPT = 256  # inferred placeholder templates an op keeps (by full signature) before starting over

@@ -119,7 +119,10 @@ class BuildPass:
         self.join_at_exit = join_at_exit
         self.parent: BuildPass | None = None
         self.futures: list[concurrent.futures.Future] = []
+        self.called: set[concurrent.futures.Future] = set()  # of those, the builds of shapes calls were made at
         self._seen: set[tuple[Any, Hashable]] = set()
+        # The root's: the futures listed per (op, signature, swept shape as sorted items), for note_called
+        self._by_shape: dict[tuple[str, Hashable, tuple], list[concurrent.futures.Future]] = {}
         self._first: set[tuple[Any, Hashable]] = set()  # first calls made inside this pass (its nested ones too)
         # The outermost pass's: per (op, signature) taken in it or nested passes, whether any build was listed
         self._listed: dict[tuple[str, Hashable], bool] = {}
@@ -155,6 +158,21 @@ class BuildPass:
         self._first.add(key)
         return True
 
+    def note_called(self, op: str, signature: Hashable, dims: Mapping[str, int]) -> None:
+        """A call of ``op`` with ``signature`` was made at the shape ``dims``: if a first call's sweep listed that
+        shape in this pass (or an enclosing one), its builds are among those :meth:`wait_for_called_shapes`
+        waits for, and they go to the front of the builder's queue. A shape outside the sweep lists nothing."""
+        futures = self.root._by_shape.get((op, signature, shape_key(dims)))
+        if not futures:
+            return
+        node: BuildPass | None = self
+        while node is not None:
+            node.called.update(futures)
+            node = node.parent
+        builder = self._builder
+        if builder is not None:
+            builder.expedite(futures)
+
     @property
     def outermost(self) -> BuildPass:
         """The pass that encloses this one and is enclosed by none (this one, if it is not nested)."""
@@ -168,7 +186,7 @@ class BuildPass:
 
         Called once per swept shape of each first call (an empty ``builds`` included), so that the outermost pass
         knows which call signatures listed nothing at all. A subclass that overrides it (a recorder) keeps no
-        such count.
+        such count, and no futures for :meth:`note_called`.
         """
         builds = list(builds)
         listed = self.outermost._listed
@@ -177,6 +195,7 @@ class BuildPass:
         if builder is None or builder.closed:  # buildops.shutdown() ran inside the pass: on with the new builder
             builder = default_builder()
         futures = [builder.submit(build, owner=self) for build in builds]
+        self.root._by_shape[(op, signature, shape_key(dims))] = futures
         node: BuildPass | None = self
         while node is not None:  # every enclosing pass answers for what its body queued
             node.futures.extend(futures)
@@ -184,13 +203,29 @@ class BuildPass:
             node = node.parent
         return futures
 
+    def wait_for_called_shapes(self, timeout: float | None = None) -> bool:
+        """Wait for the builds of the shapes this pass's calls were made at (each op's own call, not its sweep):
+        what an engine calls first. The rest of the sweep goes on building. Returns False if ``timeout`` passed
+        first.
+
+        Args:
+            timeout: seconds to wait at most (default: no limit).
+        """
+        builder = self._builder
+        if builder is None or not self.called:
+            return True
+        wanted = set(self.called)
+        return builder.wait(lambda r: r.future in wanted, timeout, what=f"builds of the shapes pass {self.name!r} "
+                                                                            f"called")
+
     def __enter__(self) -> BuildPass:
         if self._active:
             raise RuntimeError(f"build pass {self.name!r} is already active; make a new one to nest")
         if not settings.enabled:  # BUILDOPS=0: a plain block
             return self
         # Entered again (a retry after a body that raised): a new pass, listing from nothing.
-        self.futures, self._seen, self._first, self._builder = [], set(), set(), None
+        self.futures, self.called, self._seen, self._first, self._builder = [], set(), set(), set(), None
+        self._by_shape = {}
         self._listed = {}
         self.parent = current_pass()
         self._token = _current.set(self)
@@ -251,6 +286,11 @@ class BuildPass:
             what = f"{len(entries)} ops listed nothing in pass {self.name!r} (call signatures): {ops}"
             fixes = listed_nothing_fixes("<op>")
         logger.warning("buildops: %s; %s", what, fixes)
+
+
+def shape_key(dims: Mapping[str, int]) -> tuple:
+    """A shape (``{spec key: value}``, one combination of an op's dim values) as a dict key."""
+    return tuple(sorted(dims.items()))
 
 
 def build_pass(name: str) -> BuildPass:

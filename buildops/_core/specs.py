@@ -302,6 +302,18 @@ class ResolvedConfig:
                 result.append(combo)
         return result
 
+    def called(self, bound: Mapping[str, Any]) -> dict[str, int] | None:
+        """The combination of this call's own dim values (each capped at its spec's ``max``, as the sweep caps
+        it), or None where ``where`` leaves it out. A sweep may not contain it (an explicit list, a value between
+        powers of two): its builds are what the call itself needs."""
+        combo = {}
+        for d in self.dims:
+            value = d.read(self.op, bound)
+            combo[d.spec.key] = min(value, d.spec.max) if d.spec.max is not None else value
+        if self.config.where is not None and not self.config.where(combo):
+            return None
+        return combo
+
     def shapes(self, combo: Mapping[str, int]) -> dict[str, dict[int | None, int]]:
         """Per argument, ``{dim: value}`` for one combination (dim ``None``: the int argument itself; a dim may be
         negative, counted from the end as torch does)."""

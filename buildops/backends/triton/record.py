@@ -123,7 +123,8 @@ class _Recording:
         device = active_driver().get_current_device()
         # On a GPU the build also loads the module: GPU work, which graph capture must not overlap.
         run = WarmupRun(jit, stand_ins, kwargs, device, the_target)
-        self.builds.append(Build(self.op, key, run, uses_gpu=not compile_only(), label=label, library="triton"))
+        self.builds.append(Build(self.op, key, run, uses_gpu=not compile_only(), loads_only=True, label=label,
+                                 library="triton"))
 
 
 _recording_var: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("buildops_triton", default=None)
