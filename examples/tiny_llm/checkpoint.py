@@ -1,5 +1,6 @@
 """The example's checkpoint: a real safetensors file of synthetic weights, made locally, streamed to the model's
-device through pinned buffers."""
+device through pinned buffers. The loader takes any module whose parameters the file names (``examples/hf_fla``
+loads a transformers model with it), and importing it imports no model."""
 
 from __future__ import annotations
 
@@ -8,16 +9,20 @@ import math
 import os
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
 
-from .model import Config, TinyLlm
+if TYPE_CHECKING:
+    from .model import Config
 
 
 def make_checkpoint(path: str | os.PathLike, config: Config, seed: int = 0) -> Path:
     """Write synthetic weights for ``config`` to ``path`` (norms 1, matrices ~ N(0, 1/fan_in), the embedding
     N(0, 1)) and return the path. Written to a temporary name first, so a crash never leaves a partial file."""
+    from .model import TinyLlm
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the same seed gives other values there: fine
@@ -38,10 +43,10 @@ def make_checkpoint(path: str | os.PathLike, config: Config, seed: int = 0) -> P
 
 
 @torch.inference_mode()
-def load_checkpoint(model: TinyLlm, path: str | os.PathLike) -> int:
-    """Copy every tensor of the checkpoint into the model's weights, in file order, the way engines stream a
-    checkpoint to the GPU; returns the bytes loaded. A missing name, or a shape or dtype that does not match, is an
-    error naming the tensor.
+def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike) -> int:
+    """Copy every tensor of the checkpoint into the model's weights (its ``named_parameters()``, on its ``device``),
+    in file order, the way engines stream a checkpoint to the GPU; returns the bytes loaded. A missing name, or a
+    shape or dtype that does not match, is an error naming the tensor.
 
     On a GPU it reads the file in chunks into a few pinned buffers and copies each to the GPU on a stream of its
     own while the next chunk is read. Builds run beside a load, and this is what lets them: a file read releases
