@@ -70,8 +70,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="buildops-first-build-") as work:
         for round_ in range(args.rounds):
             for arm in ("source", "import") if round_ % 2 == 0 else ("import", "source"):
-                env = dict(os.environ, TRITON_CACHE_DIR=str(Path(work) / f"{arm}-{round_}"),
-                           PYTHONPATH=str(ROOT), BUILDOPS_NODE_LOCKS=str(Path(work) / f"locks-{arm}-{round_}"))
+                path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+                env = dict(os.environ, TRITON_CACHE_DIR=str(Path(work) / f"{arm}-{round_}"), PYTHONPATH=path,
+                           BUILDOPS_NODE_LOCKS=str(Path(work) / f"locks-{arm}-{round_}"))
                 done = subprocess.run([sys.executable, __file__, "--arm", arm, "--workers", str(args.workers)],
                                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
                 if done.returncode != 0:
