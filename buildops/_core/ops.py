@@ -6,7 +6,8 @@ decoration time the decorators return the function itself: no wrapper, no cost.
 
 Per call:
   * Outside a pass, when none of the op's builds is pending, the call goes straight to the function after one
-    check. When some are pending, the call waits for its own shape's builds only (see ``_own_futures``).
+    check, made in C. When some are pending, the call waits for its own shape's builds only (see
+    ``_own_futures``).
   * Inside a pass, the first call per call signature sweeps the op's dims, lists the builds for each swept shape,
     hands them to the pass, and returns the op's placeholder output; later calls with that signature in the pass
     return the placeholder only. Every call tells the pass its own shape (``BuildPass.note_called``).
@@ -27,7 +28,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from types import EllipsisType
+from types import EllipsisType, FunctionType, MethodType
 from typing import Any, ParamSpec, Protocol, TypeAlias, TypeVar, cast
 
 import torch
@@ -39,7 +40,7 @@ from .builder import Builder, on_builder_thread
 from .default import current_builder
 from .listing import materialize, output_template, replay
 from .names import claim_name, described, hold_name, op_name, release_name
-from .passes import BuildPass, _current, active, shape_key
+from .passes import BuildPass, _current, _in_pass, active, shape_key
 from .signatures import call_signature
 from .specs import BuildConfig, ResolvedConfig, SpecError, TensorSpec, tensor_dims
 
@@ -117,6 +118,7 @@ class _Op:
             raise TypeError(f"@{decorator} on {self.name}: output must be an argument name, a callable or None")
         self.output = output
         self.lister: Lister | None = None
+        # Never rebound: the op's wrapper reads this dict's truth (_wrap)
         self.pending: dict[Hashable, list[concurrent.futures.Future]] = {}
         # The same futures by swept shape (dims as sorted items), and, once a call asked, by a shape the sweep did
         # not hold: a serving call waits for its own shape's builds only.
@@ -137,7 +139,8 @@ class _Op:
     # -- the call ---------------------------------------------------------------------------------------------
 
     def call(self, wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
-        """wrapt's wrapper (for a plain function, _FunctionOp.__call__ takes the fast path before it)."""
+        """wrapt's wrapper, for a call in a context a pass made current or with some of the op's builds pending:
+        wrapt calls the function itself for any other (``_wrap``)."""
         build_pass = _current.get()
         if build_pass is not None and not build_pass._active:  # a context copied inside a pass that has ended
             build_pass = active(build_pass)
@@ -330,7 +333,7 @@ class _Op:
     def forget_pending(self) -> None:
         """Drop every pending future (the builder that owned them is gone: shut down, or in a forked child)."""
         self._lock = threading.Lock()  # after a fork the parent's lock may be held by a thread that is gone
-        self.pending = {}
+        self.pending.clear()  # not a new dict: the op's wrapper reads this one's truth (_wrap)
         self._pending_shapes = {}
 
 
@@ -372,18 +375,21 @@ class _ListingOp(_Op):
 
 # -- the wrappers ---------------------------------------------------------------------------------------------
 
-class _FunctionOp(wrapt.FunctionWrapper):
-    """A decorated plain function, with the fast path ahead of wrapt's own dispatch: nothing pending, no pass.
+class _MethodOp(wrapt.FunctionWrapper):
+    """A decorated function whose first parameter is the instance (``self``/``cls``), bound to an instance as the
+    function itself would be: a ``types.MethodType`` of the op. wrapt's own binding makes a proxy object on every
+    attribute access, which costs several times the call itself (``benchmarks/overhead.py``).
 
-    Methods are plain ``wrapt.FunctionWrapper`` objects instead: wrapt binds a subclass through a slower path,
-    which would cost more than this saves. Their fast path is the first check in ``_Op.call``.
+    The op then sees the instance first in ``args`` and no ``instance``, as in a plain call ``forward(model, x)``: the
+    same bound arguments, since the op already takes its first parameter for the instance (``_Op.method``). An op
+    guessed to be a plain function keeps wrapt's binding: its calls through an instance are what tell
+    ``_settle_method`` that it is a method.
     """
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        op = self._self_op
-        if not op.pending and _current.get() is None:
-            return self.__wrapped__(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:  # through the class: wrapt's binding (``Cls.forward.lister``)
+            return super().__get__(instance, owner)
+        return MethodType(self, instance)
 
 
 def _wrap(fn: Callable[P, R], op: _Op) -> Op[P, R]:
@@ -403,7 +409,12 @@ def _wrap(fn: Callable[P, R], op: _Op) -> Op[P, R]:
         if op._first_claim:
             release_name(op.name)
         raise
-    wrapper = wrapt.FunctionWrapper(fn, op.call) if op.method else _FunctionOp(fn, op.call)
+    # The fast path: wrapt calls ``enabled`` first and, where it is false, the function itself. This one is true in
+    # a context that a pass has made current (and in copies of it: ``call`` finds whether the pass is still active)
+    # and otherwise where some of the op's builds are pending; all in C, no Python frame.
+    enabled = cast("Callable[[], bool]", functools.partial(_in_pass.get, op.pending))  # wrapt takes its truth
+    kind = _MethodOp if op.method and isinstance(fn, FunctionType) else wrapt.FunctionWrapper
+    wrapper = kind(fn, op.call, enabled=enabled)
     # wrapt keeps ``_self_*`` attributes on the wrapper itself; its stubs leave out the proxy's __setattr__
     wrapper._self_op = op  # pyright: ignore[reportAttributeAccessIssue]
     hold_name(op.name, wrapper)

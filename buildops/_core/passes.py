@@ -34,6 +34,9 @@ __all__ = ["BuildPass", "ListedNothing", "active", "build_pass", "current_pass",
 logger = logging.getLogger("buildops")
 
 _current: contextvars.ContextVar[BuildPass | None] = contextvars.ContextVar("buildops_pass", default=None)
+# Set (True) in a context from a pass's start to its end, as _current is, and unset elsewhere: a decorated op's
+# wrapper asks it first, in C (ops._wrap). A pass's own truth is the subclass's to change (a __len__); this is not.
+_in_pass: contextvars.ContextVar[bool] = contextvars.ContextVar("buildops_in_pass")
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ class BuildPass:
         self._listed: dict[tuple[str, Hashable], bool] = {}
         self._builder: Builder | None = None
         self._token: contextvars.Token[BuildPass | None] | None = None
+        self._in_pass_token: contextvars.Token[bool] | None = None
         self._active = False
         self._started = 0.0
 
@@ -228,6 +232,7 @@ class BuildPass:
         self._by_shape = {}
         self._listed = {}
         self.parent = current_pass()
+        self._in_pass_token = _in_pass.set(True)
         self._token = _current.set(self)
         self._active = True
         self._started = time.perf_counter()
@@ -237,9 +242,10 @@ class BuildPass:
         if not self._active:
             return
         self._active = False
-        assert self._token is not None  # set with _active by __enter__
+        assert self._token is not None and self._in_pass_token is not None  # set with _active by __enter__
         _current.reset(self._token)
-        self._token = None
+        _in_pass.reset(self._in_pass_token)
+        self._token = self._in_pass_token = None
         builder = self._builder
         if exc_type is not None:
             # Its builds are cancelled below: the calls that listed them are first calls again, for a retry in
