@@ -169,24 +169,11 @@ def dummy_weights(model: nn.Module) -> None:
 
 def make_checkpoint(path: str | os.PathLike, config: Config, seed: int = 0) -> Path:
     """Write random weights for ``config`` as a safetensors file (norms 1, matrices ~ N(0, 1/fan_in), the
-    embedding N(0, 1)); written to a temporary name first, so a crash never leaves a partial file."""
-    from safetensors.torch import save_file
+    embedding N(0, 1)), as examples/tiny_llm does."""
+    from examples.tiny_llm.checkpoint import save_random_weights
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    generator = torch.Generator(device).manual_seed(seed)
     with torch.device("meta"):
         model = LlamaForCausalLM(config.hf_config())
-    tensors = {}
-    for name, param in model.named_parameters():
-        if param.dim() == 1:
-            tensors[name] = torch.ones(param.shape, dtype=config.dtype)
-        else:
-            std = 1.0 if "embed_tokens" in name else param.shape[1] ** -0.5
-            values = torch.randn(param.shape, generator=generator, device=device) * std
-            tensors[name] = values.to(config.dtype).cpu()
-    partial = path.with_suffix(".partial")
-    save_file(tensors, str(partial), metadata={"config": repr(config)})
-    partial.replace(path)
-    return path
+    # transformers keeps a Linear's weight as [out, in]: a matrix's fan-in is its second dim.
+    return save_random_weights(model, path, config.dtype, repr(config), seed,
+                               fan_in=lambda name, shape: 1 if "embed_tokens" in name else shape[1])

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,25 +20,32 @@ if TYPE_CHECKING:
 
 
 def make_checkpoint(path: str | os.PathLike, config: Config, seed: int = 0) -> Path:
-    """Write synthetic weights for ``config`` to ``path`` (norms 1, matrices ~ N(0, 1/fan_in), the embedding
-    N(0, 1)) and return the path. Written to a temporary name first, so a crash never leaves a partial file."""
+    """Write synthetic weights for ``config`` to ``path`` and return the path (see :func:`save_random_weights`)."""
     from .model import TinyLlm
 
+    # The model keeps its matrices as [K, N]: a matrix's fan-in is its first dim.
+    return save_random_weights(TinyLlm(config, "meta"), path, config.dtype, repr(config), seed,
+                               fan_in=lambda name, shape: 1 if name == "embed" else shape[0])
+
+
+def save_random_weights(model: torch.nn.Module, path: str | os.PathLike, dtype: torch.dtype, description: str,
+                        seed: int, fan_in: Callable[[str, torch.Size], int]) -> Path:
+    """Write a safetensors file of random weights for ``model``'s parameters (a model on the meta device will do):
+    vectors (norms) 1, matrices ~ N(0, 1/fan_in(name, shape)). Written to a temporary name first, so a crash never
+    leaves a partial file; ``description`` goes into the file's metadata."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the same seed gives other values there: fine
     generator = torch.Generator(device).manual_seed(seed)
-    model = TinyLlm(config, "meta")
     tensors = {}
     for name, param in model.named_parameters():
         if param.dim() == 1:
-            tensors[name] = torch.ones(param.shape, dtype=config.dtype)
+            tensors[name] = torch.ones(param.shape, dtype=dtype)
         else:
-            std = 1.0 if name == "embed" else param.shape[0] ** -0.5
-            values = torch.randn(param.shape, generator=generator, device=device) * std
-            tensors[name] = values.to(config.dtype).cpu()
+            values = torch.randn(param.shape, generator=generator, device=device) * fan_in(name, param.shape) ** -0.5
+            tensors[name] = values.to(dtype).cpu()
     partial = path.with_suffix(".partial")
-    save_file(tensors, str(partial), metadata={"config": repr(config)})
+    save_file(tensors, str(partial), metadata={"config": description})
     partial.replace(path)
     return path
 
