@@ -2,8 +2,8 @@
 
 A build that someone is about to wait for (a serving call, above all) is moved to the urgent lane
 (:meth:`Lanes.expedite_locked`), so it is the next one a free worker takes; the builds that no one waits for keep
-their order behind it. Moving never touches a
-build a worker already took: that one runs (or is skipped, if cancelled) where it is.
+their order behind it. Moving never touches a build a worker already took: that one runs (or is skipped, if
+cancelled) where it is.
 """
 
 from __future__ import annotations
