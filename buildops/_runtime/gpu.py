@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from filelock import FileLock
 
 from .._config import settings
 from .forking import forget_in_child
-from .node import node_claims
+from .node import LockFile, node_claims, open_lock_file
 
 try:
     import fcntl
@@ -86,13 +85,13 @@ class _NodeHolders:
 
     def __init__(self, directory: Path, device_id: str) -> None:
         # Held around each check of free memory and the allocation it admits, by every process.
-        self.admitting = FileLock(directory / f"gpu-{device_id}.admit.lock", thread_local=False)
+        self.admitting = LockFile(directory / f"gpu-{device_id}.admit.lock")
         # Each admitted build keeps a shared lock on this file until it releases its operands.
         self._holders = directory / f"gpu-{device_id}.holders.lock"
 
     def hold(self) -> int:
         assert fcntl is not None
-        fd = os.open(self._holders, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_lock_file(self._holders)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
         except BaseException:
@@ -113,7 +112,7 @@ class _NodeHolders:
     def anyone(self) -> bool:
         """Whether any build, in any process (this one included), holds operands on the GPU now."""
         assert fcntl is not None
-        fd = os.open(self._holders, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_lock_file(self._holders)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # granted only where no one holds a shared lock
         except BlockingIOError:
