@@ -39,7 +39,7 @@ from .build import Build
 from .builder import Builder, on_builder_thread
 from .default import current_builder
 from .listing import materialize, output_template, replay
-from .names import claim_name, described, hold_name, op_name, release_name
+from .names import claim_name, described, hold_name, op_name, release_name, short_name
 from .passes import BuildPass, _current, _in_pass, active, shape_key
 from .signatures import call_signature
 from .specs import BuildConfig, ResolvedConfig, SpecError, TensorSpec, tensor_dims
@@ -470,6 +470,7 @@ def lists_kernels(config: BuildConfig, *, output: Output = ..., name: str | None
     _refuse_bare_use("lists_kernels", config)
 
     def decorate(fn: Callable[P, R]) -> Op[P, R]:
+        _refuse_unlistable("lists_kernels", fn)
         if not settings.enabled:
             return _transparent(fn, name)
         resolved = _with_static("lists_kernels", op_name(fn, name), config, static, "eps")
@@ -486,6 +487,30 @@ def _with_static(decorator: str, op: str, config: BuildConfig, static: str | Ite
         return config.with_static(static)
     except (SpecError, TypeError) as error:
         raise SpecError(f"@{decorator} on {op}: {error}; e.g. static=({example!r},)") from None
+
+
+def _refuse_unlistable(decorator: str, fn: Callable[..., Any]) -> None:
+    """Refuse, where it is decorated, what no op can be: a class, an ``async def`` or a generator function. Each
+    would be accepted and then list nothing (a class would even take the op's attributes itself). Refused with
+    ``BUILDOPS=0`` too, so that turning buildops on never brings up an error that was there all along."""
+    if isinstance(fn, type):
+        name = short_name(fn)
+        raise TypeError(f"@{decorator} cannot decorate the class {name}: an op is a function or method, and a "
+                        f"class is neither (calling it makes an instance); decorate the method of {name} that "
+                        f"launches the kernels instead, e.g. @{decorator}(...) above its `def forward(self, ...)`")
+    function = described(fn)
+    if inspect.isasyncgenfunction(function):
+        kind, made = "async generator function", "an async generator"
+    elif inspect.iscoroutinefunction(function):
+        kind, made = "async function", "a coroutine"
+    elif inspect.isgeneratorfunction(function):
+        kind, made = "generator function", "a generator"
+    else:
+        return
+    raise TypeError(f"@{decorator} cannot decorate the {kind} {short_name(function)}: a call of it runs none of its "
+                    f"body, it only makes {made}, so buildops could neither list the kernels a call launches nor "
+                    f"return a placeholder for it in a pass; decorate the plain function (a def with no yield) that "
+                    f"it calls to launch its kernels instead")
 
 
 def _refuse_bare_use(decorator: str, config: object) -> None:

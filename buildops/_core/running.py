@@ -16,7 +16,7 @@ from .._config import settings
 from .._runtime.gpu import worker_stream
 from .build import Build
 from .names import op_name
-from .ops import Lister, Op, Output, P, R, _Op, _refuse_bare_use, _transparent, _with_static, _wrap
+from .ops import Lister, Op, Output, P, R, _Op, _refuse_bare_use, _refuse_unlistable, _transparent, _with_static, _wrap
 from .specs import BuildConfig, DynamicSpec, SpecError, tensor_dims
 
 __all__ = ["builds_by_running"]
@@ -106,6 +106,7 @@ def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int
     _refuse_bare_use("builds_by_running", config)
 
     def decorate(fn: Callable[P, R]) -> Op[P, R]:
+        _refuse_unlistable("builds_by_running", fn)
         if not settings.enabled:
             return _transparent(fn, name)
         op = op_name(fn, name)

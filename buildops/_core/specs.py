@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -48,7 +49,7 @@ class DynamicSpec:
             integer arguments that are multiples of 16 (or equal to 1) as separate variants: with this sweep a
             token count of 100 finds both of its bucket's variants built, not only the aligned one;
             ``"exact"``: ``v`` alone;
-            a sequence or ``range`` of ints: those values (buckets), whatever ``v`` is;
+            a sequence or ``range`` of ints: those values (buckets), whatever ``v`` is (``bytes`` are refused);
             a callable ``f(v)``: the ints it returns.
         max: no swept value ever exceeds it: values above are dropped, and the call's own value, where the sweep
             builds it (``"pow2"``, ``"pow2_odd"``, ``"exact"``), becomes ``max`` when above it. A sweep whose
@@ -74,6 +75,10 @@ class DynamicSpec:
             raise SpecError(f"{where}: a position must be >= 0")
         if self.dim is not None and (isinstance(self.dim, bool) or not isinstance(self.dim, int)):
             raise SpecError(f"{where}: dim must be an int (or None for an int argument)")
+        if isinstance(self.sweep, (bytes, bytearray, memoryview)):  # sequences of ints, but never meant as sizes
+            raise SpecError(f"{where}: sweep={self.sweep!r} is {type(self.sweep).__name__}, not a sweep; a sweep is "
+                            f"one of {_NAMED_SWEEPS}, a sequence of ints (e.g. sweep=[1, 16, 128]), a range, or a "
+                            "callable of the call's value")
         if not (isinstance(self.sweep, (str, Sequence)) or callable(self.sweep)):
             raise SpecError(f"{where}: sweep must be one of {_NAMED_SWEEPS}, a sequence of ints, a range, or a "
                             f"callable of the call's value; got {self.sweep!r}")
@@ -83,7 +88,9 @@ class DynamicSpec:
         if isinstance(self.sweep, Sequence) and not isinstance(self.sweep, str):
             bad = [v for v in self.sweep if isinstance(v, bool) or not isinstance(v, int) or v < 0]
             if bad or len(self.sweep) == 0:
-                raise SpecError(f"{where}: sweep buckets must be a non-empty sequence of ints >= 0, got {bad or '[]'}")
+                raise SpecError(f"{where}: sweep buckets must be a non-empty sequence of ints >= 0, got {bad or '[]'}; "
+                                f"a sweep is one of {_NAMED_SWEEPS}, a sequence of ints (e.g. sweep=[1, 16, 128]), "
+                                "a range, or a callable of the call's value")
         if self.max is not None and (isinstance(self.max, bool) or not isinstance(self.max, int) or self.max < 1):
             raise SpecError(f"{where}: max must be an int >= 1, got {self.max!r}")
         if self.follows is not None and not (isinstance(self.follows, str) or callable(self.follows)):
@@ -113,7 +120,8 @@ class DynamicSpec:
             raw = list(sweep)
         bad = [v for v in raw if isinstance(v, bool) or not isinstance(v, int) or v < 0]
         if bad:
-            raise SpecError(f"sweep of {self.key!r} gave {bad}; a sweep must give ints >= 0")
+            raise SpecError(f"DynamicSpec({self.arg!r}, dim={self.dim!r}): its sweep gave {bad} for the call's value "
+                            f"{seen}; a sweep must give ints >= 0")
         if self.max is not None and any(v > self.max for v in raw):
             kept = [v for v in raw if v <= self.max]
             # The call's own value, capped: serving never exceeds max, and calls up to it need max's variants
@@ -162,6 +170,11 @@ class _Dim:
             raise SpecError(f"{op}: DynamicSpec({self.param!r}, dim={self.spec.dim}): argument {self.param!r} "
                             f"has {len(shape)} dimension(s), shape {tuple(shape)}")
         return int(shape[self.spec.dim])
+
+    @property
+    def shown(self) -> str:
+        """The spec as errors show it: ``DynamicSpec('x', dim=0) ('x.0')``."""
+        return f"DynamicSpec({self.spec.arg!r}, dim={self.spec.dim!r}) ({self.spec.key!r})"
 
     def position(self, ndim: int) -> int:
         assert self.spec.dim is not None
@@ -233,12 +246,22 @@ class BuildConfig:
         """Check the specs (and ``static`` names) against an op's parameters, at decoration time."""
         dims = [_Dim(spec, _resolve_arg(op, spec, params)) for spec in self.specs]
         seen: dict[tuple[str, int | None], str] = {}
+        first: dict[str, _Dim] = {}  # each argument's first spec
         for d in dims:
             where = (d.param, d.spec.dim)
             if where in seen:
                 raise SpecError(f"{op}: argument {d.param!r} dim {d.spec.dim} is named by two specs "
                                 f"({seen[where]!r} and {d.spec.key!r}); keep one")
             seen[where] = d.spec.key
+            other = first.setdefault(d.param, d)
+            if (other.spec.dim is None) != (d.spec.dim is None):
+                tensor, number = (other, d) if d.spec.dim is None else (d, other)
+                raise SpecError(f"{op}: argument {d.param!r} is swept as a tensor by {tensor.shown} and as an int by "
+                                f"{number.shown}; it is one or the other: keep one")
+        # dim=0 and dim=-2 name one dim of a 2-D tensor: only a call's tensor can tell (ResolvedConfig.check_distinct)
+        clashes = tuple((a, b) for a, b in itertools.combinations(dims, 2)
+                        if a.param == b.param and a.spec.dim is not None and b.spec.dim is not None
+                        and (a.spec.dim < 0) != (b.spec.dim < 0))
         names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         swept = {d.param: d.spec.key for d in dims}
         for name in self.static:
@@ -248,7 +271,7 @@ class BuildConfig:
             if name in swept:
                 raise SpecError(f"{op}: static= names {name!r}, but {name!r} is swept (spec {swept[name]!r}): a "
                                 f"swept argument is in every build already; take it out of static=")
-        return ResolvedConfig(op, self, tuple(dims), frozenset(self.static))
+        return ResolvedConfig(op, self, tuple(dims), frozenset(self.static), clashes)
 
 
 @dataclass(frozen=True)
@@ -259,11 +282,27 @@ class ResolvedConfig:
     config: BuildConfig
     dims: tuple[_Dim, ...]
     static: frozenset[str] = frozenset()
+    #: pairs of specs of one argument, one counting dims from the start and one from the end (dim=0, dim=-2)
+    clashes: tuple[tuple[_Dim, _Dim], ...] = ()
+
+    def check_distinct(self, bound: Mapping[str, Any]) -> None:
+        """Refuse a call in which two specs name the same dim of one tensor (``dim=0`` and ``dim=-2`` of a 2-D
+        one): the dim would be swept twice, as two dims. Decoration refuses what it can tell without the tensor."""
+        for a, b in self.clashes:
+            a.read(self.op, bound)  # a clear error if the argument lacks either dim
+            b.read(self.op, bound)
+            shape = bound[a.param].shape
+            if a.position(len(shape)) == b.position(len(shape)):
+                raise SpecError(f"{self.op}: {a.shown} and {b.shown} name the same dim of argument {a.param!r}, "
+                                f"which has {len(shape)} dimension(s), shape {tuple(shape)}: the dim would be swept "
+                                "twice; keep one")
 
     def swept(self, bound: Mapping[str, Any]) -> dict[str, set[int]]:
         """Per argument, the positions of its dims that vary (``-1`` stands for an int argument itself, ``STATIC``
         for an argument named in ``static=``: :func:`.signatures.call_signature` leaves it out)."""
         out: dict[str, set[int]] = {name: {STATIC} for name in self.static}
+        if self.clashes:
+            self.check_distinct(bound)
         for d in self.dims:
             d.read(self.op, bound)  # a clear error if the argument lacks the dim
             pos = -1 if d.spec.dim is None else d.position(len(bound[d.param].shape))
@@ -277,11 +316,13 @@ class ResolvedConfig:
     def combinations(self, bound: Mapping[str, Any]) -> list[dict[str, int]]:
         """Every combination of dim values to build for this call, each as ``{spec name: value}``."""
         seen = {d.spec.key: d.read(self.op, bound) for d in self.dims}
+        if self.clashes:
+            self.check_distinct(bound)
         free = [d for d in self.dims if d.spec.follows is None]
         tied = [d for d in self.dims if d.spec.follows is not None]
         sweeps = []
         for d in free:
-            values = d.spec.values(seen[d.spec.key])
+            values = self._values(d, seen[d.spec.key])
             total = math.prod(len(s) for s in sweeps) * len(values)
             if total > self.config.max_combinations:
                 raise SpecError(f"{self.op}: the sweep of {[x.spec.key for x in free]} gives more than "
@@ -302,11 +343,25 @@ class ResolvedConfig:
                 result.append(combo)
         return result
 
+    def _values(self, d: _Dim, seen: int) -> list[int]:
+        """The spec's swept values; an error names the op and the spec (a sweep callable's keeps its own type)."""
+        try:
+            return d.spec.values(seen)
+        except SpecError as error:
+            raise SpecError(f"{self.op}: {error}") from None
+        except Exception as error:  # a bug in the sweep callable: it raises into the pass body, with where it came from
+            if sys.version_info >= (3, 11):  # as a lister's error: it keeps its own type for whoever catches it
+                error.add_note(f"buildops: raised by the sweep= callable of {d.shown} of op {self.op} at the call's "
+                               f"value {seen}")
+            raise
+
     def called(self, bound: Mapping[str, Any]) -> dict[str, int] | None:
         """The combination of this call's own dim values (each capped at its spec's ``max``, as the sweep caps
         it), or None where ``where`` leaves it out. A sweep may not contain it (an explicit list, a value between
         powers of two): its builds are what the call itself needs."""
         combo = {}
+        if self.clashes:
+            self.check_distinct(bound)
         for d in self.dims:
             value = d.read(self.op, bound)
             combo[d.spec.key] = min(value, d.spec.max) if d.spec.max is not None else value
