@@ -5,7 +5,9 @@
 * has its declared type, to type checkers too (``settings.threads`` is an ``int``, ``settings.executor`` one of
   its choices);
 * raises :class:`ConfigError` for a bad value where it is read, naming the variable, the value and what was
-  expected (:meth:`settings.validate` reads settings for that alone);
+  expected (:meth:`settings.validate` reads settings for that alone; a build pass's start and
+  ``start_build_workers()`` validate them all); code that must not fail over a setting (an op's call while
+  serving) reads it with :func:`read_or_default`, which logs a bad value once and gives the default;
 * is overridden for a block by :meth:`settings.scope` (process-wide, checked by the same parser), never assigned;
 * documents itself: ``help(settings)``, :meth:`settings.describe` and :func:`markdown_table` come from it.
 
@@ -15,13 +17,17 @@ Importing this module reads nothing, starts nothing and needs no torch.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar, cast, overload
 
-__all__ = ["ConfigError", "Setting", "cpu_share", "default_workers", "markdown_table", "settings", "triton_executor"]
+__all__ = ["ConfigError", "Setting", "cpu_share", "default_workers", "forget_logged", "markdown_table",
+           "read_or_default", "settings", "triton_executor"]
+
+logger = logging.getLogger("buildops")
 
 T = TypeVar("T")
 S = TypeVar("S", bound=str)
@@ -333,3 +339,32 @@ def markdown_table() -> str:
 
 
 settings = _Settings()
+
+
+# The bad values read_or_default has logged, as (variable, raw value). No lock: dict.setdefault is atomic, and a
+# forked child keeps a dict usable.
+_logged: dict[tuple[str, str], object] = {}
+
+
+def forget_logged() -> None:
+    """Log each bad value again at its next :func:`read_or_default` (``buildops.testing.reset`` calls this)."""
+    _logged.clear()
+
+
+def read_or_default(setting: Setting[T]) -> T:
+    """The value of ``setting`` (a declaration: ``type(settings).late_compile``) now, or its default where the
+    value is bad. For code that must not fail over a setting: an op's call while serving, a compile hook, a wait.
+
+    Contract: never raises :class:`ConfigError`. A bad value gives the default, and is logged as a warning naming
+    the variable, the value, what was expected and the default used, once per variable and value (a process that
+    reads it in every call logs it once). Anywhere a bad value can still stop the caller (a pass's start, an
+    engine's call at startup), read ``settings.<name>`` instead, so that it fails loudly.
+    """
+    try:
+        return setting.__get__(settings)
+    except ConfigError as error:
+        default = setting.default()
+        marker = object()
+        if _logged.setdefault((setting.env, os.environ.get(setting.env, "")), marker) is marker:
+            logger.warning("buildops: %s; using the default, %s", error, _as_env(default))
+        return default

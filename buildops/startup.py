@@ -88,12 +88,12 @@ def start_build_workers() -> bool:
         Whether the workers run now or are starting: False without Triton, or where Triton builds use threads.
 
     Raises:
-        ConfigError: ``BUILDOPS_WORKER_NICE`` has a bad value.
+        ConfigError: a ``BUILDOPS_*`` setting has a bad value (each is read here, whether or not workers start).
     """
     global _prepared
+    settings.validate()  # every setting: a bad value raises here, at the engine's call, not in a build or serving
     if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
         return False
-    settings.validate("worker_nice")  # a bad value raises here, at the engine's call, not on the starting thread
     from .backends.triton.pool import workers
 
     workers.start()  # nothing if they run: buildops.shutdown() stops them, and then this starts them again
@@ -271,7 +271,9 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
     beside serving. The rest of the sweep (compiles whose only GPU step is a module load) goes on building, behind
     any build a serving call waits for; each serving call waits only for its own builds, and
     :func:`buildops.join` waits for them all. A CUDA graph capture waits for every GPU build: call
-    :func:`buildops.prepare_graph_capture` first (the capture guard says so otherwise).
+    :func:`buildops.prepare_graph_capture` first (the capture guard says so otherwise). A Ctrl-C (any exception)
+    while it waits until ready cancels the rehearsal's queued builds that no other pass wants, as a pass body that
+    raises does, and propagates.
 
     Args:
         rehearse: runs the dummy forwards.
@@ -317,6 +319,18 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
 
 
 def _wait_until_ready(rehearsing: BuildPass, ready: str) -> None:
+    try:
+        _wait_for_ready_builds(rehearsing, ready)
+    except BaseException as error:  # a Ctrl-C while it waits: the start is off, and no one wants what it queued
+        builder = current_builder()
+        if builder is not None and rehearsing.futures:
+            cancelled = builder.cancel(rehearsing.futures, releases=rehearsing.encloses)
+            logger.info("buildops: rehearsal %r was interrupted by %s while the start waited for its builds; "
+                        "cancelled %d queued build(s)", rehearsing.name, type(error).__name__, cancelled)
+        raise
+
+
+def _wait_for_ready_builds(rehearsing: BuildPass, ready: str) -> None:
     if ready == "gpu":
         from .capture import GraphCaptureDuringBuild, prepare_graph_capture  # here: this module imports no torch
 

@@ -21,6 +21,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._config import forget_logged
 from ._core import late
 from ._core.build import Build
 from ._core.default import current_builder, shutdown
@@ -118,8 +119,8 @@ def record_listings(name: str = "record") -> ListingRecorder:
 
 def reset(timeout: float = 10.0) -> None:
     """Forget the process's builder (cancel queued builds, stop its workers, drop every op's pending builds), the
-    late compiles recorded so far and which ops listed which kernels; late-compile detection starts again after
-    the next pass.
+    late compiles recorded so far, which ops listed which kernels and which bad settings were logged; late-compile
+    detection starts again after the next pass.
 
     Args:
         timeout: seconds to wait for running builds; one still running then is left to its (daemon) thread.
@@ -127,6 +128,7 @@ def reset(timeout: float = 10.0) -> None:
     builder = current_builder()
     shutdown(wait=True, timeout=timeout)
     late.reset()
+    forget_logged()  # a bad setting's value read while serving is logged again
     on_reset.run()  # backends forget what they noted (which ops listed which kernels, late-compile watches)
     if builder is not None and builder.busy:
         logger.warning("buildops.testing.reset: %d build(s) still running after %.0f s", builder.busy, timeout)

@@ -206,24 +206,6 @@ def test_a_pass_needs_a_name():
         build_pass("")
 
 
-def test_a_wait_in_serving_never_raises(runs, monkeypatch, caplog):
-    """A setting first read by the wait (the rehearsal never needed it) is bad: the call runs anyway."""
-    gate = threading.Event()
-    op = op_listing(runs, gate=gate)
-    with rehearsal("startup"):
-        op(torch.empty(4, 3))
-    monkeypatch.setenv("BUILDOPS_PROGRESS_AFTER", "1s")
-    try:
-        with caplog.at_level(logging.WARNING, logger="buildops"):
-            assert torch.equal(op(torch.ones(4, 3)), torch.ones(4, 3))
-        assert "op: waiting for its builds failed; it runs now" in caplog.text
-        assert "BUILDOPS_PROGRESS_AFTER='1s'" in caplog.text
-    finally:
-        gate.set()
-    monkeypatch.delenv("BUILDOPS_PROGRESS_AFTER")  # join is no serving call: there the bad setting raises
-    assert buildops.join(timeout=WAIT)
-
-
 def test_a_task_made_inside_a_pass_is_outside_it_once_the_pass_ends(runs):
     """asyncio copies the context into a task: the ended pass stays in the copy, and must not count there."""
     import asyncio

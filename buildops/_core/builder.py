@@ -8,9 +8,10 @@ Concurrency model:
     marked ``serial`` go to a :class:`~.serial.SerialQueue` with a worker of its own.
   * Serving goes first: ``wait_for`` (an op's call outside a pass) expedites the builds it waits for that are still
     queued, ahead of every build not expedited, a serial one with the normal builds it runs after; builds that no
-    one waits for run behind them, and go on after the pass that queued them ends (only a raising pass body or
-    ``shutdown`` cancels them). In a worker pool, a build expedited while it waits for a worker process goes first
-    too (:mod:`buildops._runtime.turns`). Passes and ``join`` expedite nothing.
+    one waits for run behind them, and go on after the pass that queued them ends (only a pass that raises or is
+    interrupted while its end waits, or ``shutdown``, cancels them). In a worker pool, a build expedited while it
+    waits for a worker process goes first too (:mod:`buildops._runtime.turns`). Passes and ``join`` expedite
+    nothing.
   * A shared build is claimed across the node first (:mod:`.claims`); one another process holds goes to the back
     of its lane.
   * A record whose future was cancelled before a worker reached it is skipped

@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from .._config import settings
+from .._config import read_or_default, settings
 from . import extensions
 
 __all__ = ["LateCompile", "LateCompileError", "late_compiles"]
@@ -66,7 +66,7 @@ class _LateCompiles:
     def record(self, late: LateCompile, key: Hashable) -> None:
         if not self._armed:
             return
-        mode = settings.late_compile
+        mode = read_or_default(type(settings).late_compile)  # in a serving call: a bad value must not raise there
         with self._lock:
             first = key not in self._seen
             self._seen.add(key)

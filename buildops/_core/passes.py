@@ -3,7 +3,12 @@
 The current pass lives in a ``ContextVar``, so a pass covers the thread (or task) that entered it and nothing else.
 Passes nest: every pass remembers the builds queued inside it, but only the outermost decides whether to join at
 its end. A body that raises (``KeyboardInterrupt`` included) cancels the builds queued inside that pass that no
-other pass wants and no worker has started, and the exception propagates.
+other pass wants and no worker has started, and the exception propagates; so does an exception (a Ctrl-C) raised
+while the end of a ``build_pass`` waits for its builds. A cancelled future is done: an op's call no longer waits
+for it.
+
+Settings: a pass's start reads every ``BUILDOPS_*`` setting, so that a bad value raises :class:`ConfigError` there,
+before anything is listed, and not in a build or a serving call later.
 
 Coverage: an op whose first call with some signature listed no build at any swept shape has nothing built for that
 signature. The outermost pass names such ops in one warning at its end, and keeps them for the report
@@ -227,6 +232,7 @@ class BuildPass:
             raise RuntimeError(f"build pass {self.name!r} is already active; make a new one to nest")
         if not settings.enabled:  # BUILDOPS=0: a plain block
             return self
+        settings.validate()  # every setting its builds, its end and the serving after it may read
         # Entered again (a retry after a body that raised): a new pass, listing from nothing.
         self.futures, self.called, self._seen, self._first, self._builder = [], set(), set(), set(), None
         self._by_shape = {}
@@ -251,10 +257,7 @@ class BuildPass:
             # Its builds are cancelled below: the calls that listed them are first calls again, for a retry in
             # an enclosing pass.
             self.root._seen.difference_update(self._first)
-            if builder is not None and self.futures:
-                cancelled = builder.cancel(self.futures, releases=self.encloses)
-                logger.info("buildops: pass %r raised %s; cancelled %d queued build(s)",
-                            self.name, exc_type.__name__, cancelled)
+            self._cancel(builder, f"raised {exc_type.__name__}")
             return
         if self.parent is not None:
             self.parent._first.update(self._first)
@@ -262,7 +265,11 @@ class BuildPass:
         self._report_listed_nothing()
         if self.join_at_exit and builder is not None and builder is current_builder():
             wanted = set(self.futures)
-            builder.wait(lambda r: r.future in wanted, what=f"builds of pass {self.name!r}")
+            try:
+                builder.wait(lambda r: r.future in wanted, what=f"builds of pass {self.name!r}")
+            except BaseException as error:  # a Ctrl-C while it waits: no one wants the builds it waited for
+                self._cancel(builder, f"was interrupted by {type(error).__name__} while waiting for its builds")
+                raise
         if self.arms_late_compiles:
             late.arm()  # from now on, a kernel compiled on first use is a gap in what the passes covered
         futures = set(self.futures)
@@ -272,6 +279,12 @@ class BuildPass:
                     f", {failed} failed or given up: their ops compile on first use" if failed else "",
                     "" if self.join_at_exit else ", still building")
 
+    def _cancel(self, builder: Builder | None, why: str) -> None:
+        """Cancel the queued builds that only this pass and the passes it encloses wanted, and log it."""
+        if builder is None or not self.futures:
+            return
+        cancelled = builder.cancel(self.futures, releases=self.encloses)
+        logger.info("buildops: pass %r %s; cancelled %d queued build(s)", self.name, why, cancelled)
 
     def _report_listed_nothing(self) -> None:
         """Keep, and name in one warning, the ops whose first calls in this (outermost) pass listed nothing."""

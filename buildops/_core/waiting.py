@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._config import settings
+from .._config import read_or_default, settings
 from .progress import progress_bar
 
 __all__ = ["wait_until_done"]
@@ -24,7 +24,7 @@ def wait_until_done(selected: Callable[[], list[concurrent.futures.Future[Any]]]
     meanwhile are waited for too); show progress after ``BUILDOPS_PROGRESS_AFTER`` seconds. Returns False if
     ``timeout`` passed first."""
     start = time.monotonic()
-    progress_after = settings.progress_after
+    progress_after = read_or_default(type(settings).progress_after)  # an op's call waits here too: never raise
     bar = None
     seen: set[concurrent.futures.Future[Any]] = set()
     try:
