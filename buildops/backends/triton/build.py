@@ -122,12 +122,12 @@ class WarmupRun:
         with building():
             if compile_only():
                 with worker.watching_compiles() as compiles:
-                    kernel = self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
+                    kernel = worker.warmup(self.jit, self.args, self.kwargs)
                 self.cached = self._cached(compiled, compiles)
                 return kernel
             with torch.cuda.device(self.device):
                 with worker.watching_compiles() as compiles:
-                    kernel = self.jit.warmup(*self.args, grid=(1,), **self.kwargs)
+                    kernel = worker.warmup(self.jit, self.args, self.kwargs)
                 self.cached = self._cached(compiled, compiles)
                 _make_launcher(kernel)
                 # One load at a time: loads contending for the driver only slow each other

@@ -10,12 +10,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import logging
 import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 from ..._runtime.patching import Patch
+
+logger = logging.getLogger("buildops")
 
 # The target a worker compiles for until a build names its own, and that the forkserver warms up for.
 _DEFAULT_BACKEND, _DEFAULT_ARCH, _DEFAULT_WARP_SIZE = "cuda", 90, 32
@@ -131,9 +134,26 @@ def _compile(jit: Any, args: tuple, kwargs: dict, cache_dir: str, target: tuple[
     use_target(*target)
     os.environ["TRITON_CACHE_DIR"] = cache_dir
     with watching_compiles() as compiles:
-        jit.warmup(*args, grid=(1,), **kwargs)
+        warmup(jit, args, kwargs)
     cached = found_cached(compiles)
     return None if cached is None else not cached
+
+
+def warmup(jit: Any, args: tuple, kwargs: dict) -> Any:
+    """``jit.warmup`` of one variant. Called within :func:`watching_compiles`, where its cache entry is checked
+    (:mod:`.artifacts`): a bad entry found is compiled again; one that a compile left bad is deleted and built
+    once more. Raises ``artifacts.BadCacheEntry`` where the second is bad too."""
+    from .artifacts import BadCacheEntry
+
+    try:
+        return jit.warmup(*args, grid=(1,), **kwargs)
+    except BadCacheEntry as bad:
+        logger.warning("buildops: %s; building it once more", bad)
+        first = bad
+    try:
+        return jit.warmup(*args, grid=(1,), **kwargs)
+    except BadCacheEntry as again:
+        raise BadCacheEntry(again.kernel, again.path, again.problem, again=True) from first
 
 
 # -- whether a build compiled or found its artifact cached ----------------------------------------------------
@@ -143,7 +163,8 @@ _watched = threading.local()  # .compiles: what this thread's watched block saw,
 
 class _CompileListener:
     """buildops' ``knobs.compilation.listener``: calls the listener it replaced, then notes ``cache_hit`` for
-    the thread watching its compiles (:func:`watching_compiles`), if this is one."""
+    the thread watching its compiles (:func:`watching_compiles`), if this is one, and checks the cache entry
+    that thread's compile has just written (``artifacts.check_new_entry``)."""
 
     def __init__(self, previous: Any) -> None:
         self.previous = previous
@@ -155,6 +176,11 @@ class _CompileListener:
         if compiles is not None:
             hit = kwargs.get("cache_hit")
             compiles.append(hit if isinstance(hit, bool) else None)
+            group = kwargs.get("metadata_group")
+            if hit is False and isinstance(group, dict):
+                from .artifacts import check_new_entry
+
+                check_new_entry(group)  # raises before Triton keeps the kernel in memory
 
 
 @functools.cache
@@ -176,11 +202,16 @@ def _listener_patch() -> Patch | None:
 def watching_compiles() -> Iterator[list[bool | None]]:
     """Within the block, each Triton compile this thread runs appends to the yielded list whether it found its
     artifact in Triton's disk cache (True), compiled (False), or None where Triton does not say. A kernel found
-    in the ``JITFunction``'s memory reaches no compile and appends nothing. Other threads are not watched."""
+    in the ``JITFunction``'s memory reaches no compile and appends nothing. Other threads are not watched.
+    Within it, this thread's cache hits and compiles check their entry (:mod:`.artifacts`)."""
+    from .artifacts import group_patch
+
     patch = _listener_patch()
     compiles: list[bool | None] = [] if patch is not None else [None]  # no listener: unknown
     outer = getattr(_watched, "compiles", None)
     _watched.compiles = compiles
+    group = group_patch(_watching)
+    group.acquire()
     if patch is not None:
         patch.acquire()
     try:
@@ -188,7 +219,13 @@ def watching_compiles() -> Iterator[list[bool | None]]:
     finally:
         if patch is not None:
             patch.release()
+        group.release()
         _watched.compiles = outer
+
+
+def _watching() -> bool:
+    """Whether this thread is in a :func:`watching_compiles` block."""
+    return getattr(_watched, "compiles", None) is not None
 
 
 def found_cached(compiles: list[bool | None]) -> bool | None:
