@@ -19,6 +19,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from ..._config import triton_executor
+from ..._runtime import children
 from ..._runtime.forking import forget_in_child
 from . import worker
 from .driver import compile_only, inner_jit, kernel_name
@@ -71,6 +72,7 @@ class WarmupRun:
         self.jit, self.args, self.kwargs, self.device, self.target = jit, args, kwargs, device, the_target
         self.given_up = threading.Event()
         self._in_worker = False
+        self._started: children.Started | None = None  # the processes this run's thread started, while it runs
         self.cached: bool | None = None
         self.skipped: str | None = None
         self.where: str | None = None
@@ -104,12 +106,24 @@ class WarmupRun:
         return compiled, f"a worker that imported {reference[0]} ({shipped})"
 
     def abandon(self) -> None:
-        """Given up as timed out (``Build`` contract): stop the workers if the compile is stuck in one."""
+        """Given up as timed out (``Build`` contract): stop the workers if the compile is stuck in one, and kill
+        the compilers this run's thread started (a ptxas that hangs), with their children."""
         self.given_up.set()
         if self._in_worker:
             workers.stop_workers()
+        started = self._started
+        if started is not None:
+            children.kill_started(started)
 
     def __call__(self) -> Any:
+        with children.building() as started:
+            self._started = started
+            try:
+                return self._build()
+            finally:
+                self._started = None
+
+    def _build(self) -> Any:
         compiled: bool | None = None  # by a worker process: None where none compiled it
         if triton_executor() == "processes":
             self._in_worker = True
