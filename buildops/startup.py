@@ -272,8 +272,8 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
     any build a serving call waits for; each serving call waits only for its own builds, and
     :func:`buildops.join` waits for them all. A CUDA graph capture waits for every GPU build: call
     :func:`buildops.prepare_graph_capture` first (the capture guard says so otherwise). A Ctrl-C (any exception)
-    while it waits until ready cancels the rehearsal's queued builds that no other pass wants, as a pass body that
-    raises does, and propagates.
+    in the load or while it waits until ready cancels the rehearsal's queued builds that no other pass wants, as a
+    pass body that raises does, and propagates.
 
     Args:
         rehearse: runs the dummy forwards.
@@ -300,16 +300,20 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
                          f"rehearsal called and those doing GPU work) or 'gpu' (every GPU build)")
     if freeze_heap:
         gc.freeze()
+    rehearsing = rehearsal(name)
     try:
-        rehearsing, loaded = _rehearse_and_load(rehearse, load, name, overlap)
+        loaded = _rehearse_and_load(rehearsing, rehearse, load, name, overlap)
         with phase(f"{name}: wait until ready"):
-            _wait_until_ready(rehearsing, ready)
+            _wait_for_ready_builds(rehearsing, ready)
         with phase(f"{name}: collect garbage"):
             # The rehearsal's replays leave objects in reference cycles: collect them now, not in the first
             # request. A full collection: garbage that outlived the load's automatic collections is in the oldest
             # generation (docs/decisions/0011-freeze-heap-at-end-of-start.md).
             gc.collect()
-    except BaseException:
+    except BaseException as error:
+        # The start is off (a Ctrl-C in the load or in the wait, a load that failed): no one wants what the
+        # rehearsal queued. A rehearsal body that raised has cancelled its own already.
+        _cancel_rehearsal(rehearsing, error)
         if freeze_heap:
             gc.unfreeze()
         raise
@@ -318,16 +322,14 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
     return loaded
 
 
-def _wait_until_ready(rehearsing: BuildPass, ready: str) -> None:
-    try:
-        _wait_for_ready_builds(rehearsing, ready)
-    except BaseException as error:  # a Ctrl-C while it waits: the start is off, and no one wants what it queued
-        builder = current_builder()
-        if builder is not None and rehearsing.futures:
-            cancelled = builder.cancel(rehearsing.futures, releases=rehearsing.encloses)
-            logger.info("buildops: rehearsal %r was interrupted by %s while the start waited for its builds; "
-                        "cancelled %d queued build(s)", rehearsing.name, type(error).__name__, cancelled)
-        raise
+def _cancel_rehearsal(rehearsing: BuildPass, error: BaseException) -> None:
+    """Cancel the rehearsal's queued builds that no other pass wants, and log it."""
+    builder = current_builder()
+    if builder is not None and rehearsing.futures:
+        cancelled = builder.cancel(rehearsing.futures, releases=rehearsing.encloses)
+        if cancelled:
+            logger.info("buildops: the start of rehearsal %r ended with %s; cancelled %d queued build(s)",
+                        rehearsing.name, type(error).__name__, cancelled)
 
 
 def _wait_for_ready_builds(rehearsing: BuildPass, ready: str) -> None:
@@ -351,14 +353,13 @@ def _wait_for_ready_builds(rehearsing: BuildPass, ready: str) -> None:
                        "is refused while they do", len(stuck), ", ".join(sorted({build.op for build in stuck})))
 
 
-def _rehearse_and_load(rehearse: Callable[[], object], load: Callable[[], T], name: str,
-                       overlap: bool) -> tuple[BuildPass, T]:
-    rehearsing = rehearsal(name)
+def _rehearse_and_load(rehearsing: BuildPass, rehearse: Callable[[], object], load: Callable[[], T], name: str,
+                       overlap: bool) -> T:
     if not overlap:
         with phase(f"{name}: rehearsal"), rehearsing:
             rehearse()
         with phase(f"{name}: load"):
-            return rehearsing, load()
+            return load()
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="buildops-load") as loader:
         with phase(f"{name}: load"):
             loading = loader.submit(load)
@@ -373,4 +374,4 @@ def _rehearse_and_load(rehearse: Callable[[], object], load: Callable[[], T], na
                     logger.error("buildops: %s: the load failed too, beside the failed rehearsal", name,
                                  exc_info=failed)
                 raise
-            return rehearsing, loading.result()
+            return loading.result()

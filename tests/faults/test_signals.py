@@ -137,3 +137,32 @@ def test_a_ctrl_c_while_a_start_waits_until_ready_cancels_the_rehearsals_queued_
         gate.set()
     assert buildops.join(timeout=WAIT)
     assert runs.calls == [("op", 1)]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_ctrl_c_in_the_load_cancels_the_rehearsals_queued_builds(runs, overlap):
+    gate = threading.Event()
+    op = op_listing(runs, gate=gate)
+    with settings.scope(threads=1):
+        builder = default_builder()  # one worker
+
+    def rehearse():
+        for n in range(1, 4):
+            op(torch.empty(4, n))
+        assert runs.started.wait(WAIT)  # the first build holds the only worker; two are queued
+
+    def load():
+        if overlap:  # beside the rehearsal: the interrupt comes once it has queued its builds
+            assert runs.started.wait(WAIT)
+        raise KeyboardInterrupt  # as a Ctrl-C in the middle of reading the checkpoint
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            rehearse_then_load(rehearse, load, overlap=overlap)
+        assert [builder.state(("op", n)) for n in range(1, 4)] == [BuildState.BUILDING, None, None]
+        assert builder.stats()["op"].cancelled == 2
+        assert call_returns_within(op, torch.ones(4, 3), PROMPT)
+    finally:
+        gate.set()
+    assert buildops.join(timeout=WAIT)
+    assert runs.calls == [("op", 1)]
