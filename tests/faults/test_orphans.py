@@ -15,7 +15,8 @@ EXIT_WITHIN = 60.0
 # How long the compilers may take to be gone once the script has exited.
 GONE_WITHIN = 10.0
 
-# Triton asks ptxas its version first (knobs.NvidiaTool.from_path): answered as Triton's own ptxas does.
+# Triton asks ptxas its version first (knobs.NvidiaTool.from_path): answered as Triton's own ptxas does. On the
+# kernel orphan_marker the fake does what it is told (__ON_MARKED__); on any other kernel it runs the real ptxas.
 FAKE_PTXAS = r"""#!/bin/bash
 if [ "$1" = "--version" ]; then
     printf '%s\n' "ptxas: NVIDIA (R) Ptx optimizing assembler" "Copyright (c) 2005-2025 NVIDIA Corporation" \
@@ -25,12 +26,37 @@ if [ "$1" = "--version" ]; then
 fi
 for arg in "$@"; do
     if [ -f "$arg" ] && grep -q orphan_marker "$arg"; then
-        (exec -a "__MARK__" sleep 600) &  # a child of the compiler's own, marked by its name
-        wait
+        __ON_MARKED__
     fi
 done
 exec "__REAL__" "$@"
 """
+# Hang, with a child of the compiler's own, marked by its name.
+HANG = """(exec -a "__MARK__" sleep 600) &
+        wait"""
+
+
+def fake_ptxas(tmp_path, on_marked, prefix="buildops-orphan"):
+    """A fake ptxas in ``tmp_path`` that runs ``on_marked`` (bash; ``__MARK__`` stands for the mark) on the kernel
+    ``orphan_marker``; returns its path and the mark its processes' command lines carry."""
+    triton = pytest.importorskip("triton")
+    real = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.access(real, os.X_OK):
+        pytest.skip("Triton without its ptxas")
+    mark = f"{prefix}-{uuid.uuid4().hex}"
+    ptxas = tmp_path / f"ptxas-{mark}"
+    ptxas.write_text(FAKE_PTXAS.replace("__ON_MARKED__", on_marked).replace("__MARK__", mark)
+                     .replace("__REAL__", real))
+    ptxas.chmod(0o755)
+    return ptxas, mark
+
+
+def script_env(tmp_path, ptxas, mark, executor, build_timeout):
+    """The environment the script runs in: one build thread of ``executor``, the fake ptxas, a cache of its own."""
+    return dict(os.environ, BUILDOPS_EXECUTOR=executor, BUILDOPS_THREADS="1", BUILDOPS_BUILD_TIMEOUT=build_timeout,
+                TRITON_PTXAS_PATH=str(ptxas), ORPHAN_MARK=mark, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
+                PYTHONPATH=os.pathsep.join(sys.path))
+
 
 SCRIPT = r"""
 import os
@@ -125,19 +151,10 @@ def _kill(pids):
 
 @pytest.mark.parametrize("executor", ["processes", "threads"])
 def test_a_hung_compiler_and_its_children_do_not_outlive_the_program(tmp_path, executor):
-    triton = pytest.importorskip("triton")
-    real = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.access(real, os.X_OK):
-        pytest.skip("Triton without its ptxas")
-    mark = f"buildops-orphan-{uuid.uuid4().hex}"
-    ptxas = tmp_path / f"ptxas-{mark}"
-    ptxas.write_text(FAKE_PTXAS.replace("__MARK__", mark).replace("__REAL__", real))
-    ptxas.chmod(0o755)
+    ptxas, mark = fake_ptxas(tmp_path, HANG)
     script = tmp_path / "hung_compiler.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, BUILDOPS_EXECUTOR=executor, BUILDOPS_THREADS="1", BUILDOPS_BUILD_TIMEOUT="5",
-               TRITON_PTXAS_PATH=str(ptxas), ORPHAN_MARK=mark, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
-               PYTHONPATH=os.pathsep.join(sys.path))
+    env = script_env(tmp_path, ptxas, mark, executor, "5")
     # Pipes, read to their end: a compiler left holding them would hold this read too (bounded by the timeout).
     began = time.monotonic()
     try:
@@ -185,19 +202,10 @@ def test_ctrl_c_ends_the_program_and_its_compilers(tmp_path, executor):
 def _start_hanging(tmp_path, executor, **popen_kwargs):
     """The script, started with no build timeout, once its build's compiler hangs (with its child); its output goes
     to a file, not to pipes. Returns the program, the mark of its compiler's processes, and the file."""
-    triton = pytest.importorskip("triton")
-    real = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.access(real, os.X_OK):
-        pytest.skip("Triton without its ptxas")
-    mark = f"buildops-orphan-{uuid.uuid4().hex}"
-    ptxas = tmp_path / f"ptxas-{mark}"
-    ptxas.write_text(FAKE_PTXAS.replace("__MARK__", mark).replace("__REAL__", real))
-    ptxas.chmod(0o755)
+    ptxas, mark = fake_ptxas(tmp_path, HANG)
     script = tmp_path / "hung_compiler.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, BUILDOPS_EXECUTOR=executor, BUILDOPS_THREADS="1", BUILDOPS_BUILD_TIMEOUT="0",
-               TRITON_PTXAS_PATH=str(ptxas), ORPHAN_MARK=mark, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
-               PYTHONPATH=os.pathsep.join(sys.path))
+    env = script_env(tmp_path, ptxas, mark, executor, "0")
     out = tmp_path / "out"
     with open(out, "w") as output:
         program = subprocess.Popen([sys.executable, str(script)], env=env, stdout=output, stderr=output, cwd=tmp_path,

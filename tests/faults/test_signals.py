@@ -114,33 +114,8 @@ def test_a_ctrl_c_in_a_nested_pass_cancels_what_only_the_interrupted_passes_want
     assert runs.calls == [("blocker", 1), ("op", 6)]
 
 
-def test_a_ctrl_c_while_a_start_waits_until_ready_cancels_the_rehearsals_queued_builds(runs, ctrl_c):
-    gate = threading.Event()
-    op = op_listing(runs, gate=gate)
-    with settings.scope(threads=1):
-        builder = default_builder()  # one worker
-
-    def rehearse():
-        for n in range(1, 4):
-            op(torch.empty(4, n))
-        assert runs.started.wait(WAIT)  # the first build holds the only worker; two are queued
-
-    began = waiting_on(builder)  # the rehearsal queues without waiting: the first wait is the one until ready
-    try:
-        ctrl_c(began)
-        with pytest.raises(KeyboardInterrupt):
-            rehearse_then_load(rehearse, lambda: None)
-        assert [builder.state(("op", n)) for n in range(1, 4)] == [BuildState.BUILDING, None, None]
-        assert builder.stats()["op"].cancelled == 2
-        assert call_returns_within(op, torch.ones(4, 3), PROMPT)
-    finally:
-        gate.set()
-    assert buildops.join(timeout=WAIT)
-    assert runs.calls == [("op", 1)]
-
-
-@pytest.mark.parametrize("overlap", [False, True])
-def test_a_ctrl_c_in_the_load_cancels_the_rehearsals_queued_builds(runs, overlap):
+@pytest.mark.parametrize("where", ["the wait until ready", "the load", "the load beside the rehearsal"])
+def test_a_ctrl_c_in_a_start_cancels_the_rehearsals_queued_builds(runs, ctrl_c, where):
     gate = threading.Event()
     op = op_listing(runs, gate=gate)
     with settings.scope(threads=1):
@@ -152,13 +127,16 @@ def test_a_ctrl_c_in_the_load_cancels_the_rehearsals_queued_builds(runs, overlap
         assert runs.started.wait(WAIT)  # the first build holds the only worker; two are queued
 
     def load():
-        if overlap:  # beside the rehearsal: the interrupt comes once it has queued its builds
+        if where == "the load beside the rehearsal":  # the interrupt comes once the rehearsal queued its builds
             assert runs.started.wait(WAIT)
-        raise KeyboardInterrupt  # as a Ctrl-C in the middle of reading the checkpoint
+        if where != "the wait until ready":
+            raise KeyboardInterrupt  # as a Ctrl-C in the middle of reading the checkpoint
 
+    if where == "the wait until ready":  # the rehearsal queues without waiting: the first wait is the start's
+        ctrl_c(waiting_on(builder))
     try:
         with pytest.raises(KeyboardInterrupt):
-            rehearse_then_load(rehearse, load, overlap=overlap)
+            rehearse_then_load(rehearse, load, overlap=where == "the load beside the rehearsal")
         assert [builder.state(("op", n)) for n in range(1, 4)] == [BuildState.BUILDING, None, None]
         assert builder.stats()["op"].cancelled == 2
         assert call_returns_within(op, torch.ones(4, 3), PROMPT)

@@ -97,7 +97,7 @@ class WarmupRun:
                 logger.debug("buildops: the worker's build of %s from source failed; building it in a thread",
                              label, exc_info=True)
                 return None, f"this process (its source, sent to a worker, failed there: {type(exc).__name__})"
-        reference = picklable_reference(self.jit, self.args, self.kwargs)
+        reference = importable_reference(self.jit)
         if reference is None:
             return None, f"this process ({shipped}; nor can a worker import it)"
         compiled = compile_in_process(reference, self.args, self.kwargs, self.target, self.given_up)
@@ -203,7 +203,7 @@ def _launcher_lock(key: str) -> threading.Lock:
         return _launcher_locks.setdefault(key, threading.Lock())
 
 
-def picklable_reference(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[str, str] | None:
+def importable_reference(jit: JITFunction) -> tuple[str, str] | None:
     """``(module, qualname)`` under which a worker can import this kernel, or None (then it builds in a thread)."""
     module, qualname = jit.fn.__module__, jit.fn.__qualname__
     if module == "__main__" or "<locals>" in qualname:
@@ -211,8 +211,7 @@ def picklable_reference(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[st
     try:
         if inner_jit(worker.resolve(module, qualname)) is not jit:
             return None
-        pickle.dumps((args, kwargs))
-    except Exception:  # noqa: BLE001 - whatever stops a worker importing it or its arguments pickling
+    except Exception:  # noqa: BLE001 - whatever stops a worker importing it
         return None
     return module, qualname
 

@@ -24,6 +24,7 @@ Torch-free: the worker imports it.
 """
 
 from __future__ import annotations
+import __future__
 
 import ast
 import builtins
@@ -41,14 +42,10 @@ from typing import Any
 
 __all__ = ["ShippedKernel", "Unshippable", "describe", "rebuild"]
 
-# Triton's own packages and the modules its front end lets kernels use.
-_IMPORTABLE_ROOTS = frozenset({"triton", "math", "copy"})
+# Packages a worker has, or imports cheaply, whatever the user's program: Triton's and the standard library's.
+_IMPORTABLE_ROOTS = frozenset({"triton", *sys.stdlib_module_names})
 _DEF_LINE = re.compile(r"^\s*def\s+\w+\s*\(")
-_FUTURE_FLAGS = 0
-for _name in ("annotations",):
-    _feature = getattr(__import__("__future__"), _name, None)
-    if _feature is not None:
-        _FUTURE_FLAGS |= _feature.compiler_flag
+_FUTURE_FLAGS = __future__.annotations.compiler_flag  # the one future import that changes what a def makes
 
 
 class Unshippable(Exception):
@@ -83,10 +80,6 @@ class ShippedKernel:
     root: str
     cache_key: str
     functions: dict[str, ShippedFunction] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.root
 
 
 # -- the parent: describing ---------------------------------------------------------------------------------------
@@ -125,7 +118,7 @@ def _describe_function(fn_obj: Any, functions: dict[str, ShippedFunction]) -> st
     kind = _kind(fn_obj)
     if kind is None:
         raise Unshippable(f"{name}: a {type(fn_obj).__name__}, which travels only by import")
-    if fn.__code__.co_flags & (0x80 | 0x20):  # coroutine or generator: not a kernel buildops knows how to rebuild
+    if fn.__code__.co_flags & (inspect.CO_COROUTINE | inspect.CO_GENERATOR):  # not a kernel body
         raise Unshippable(f"{name}: not a plain function")
     raw_src = getattr(fn_obj, "raw_src", None)
     raw_lines = tuple(raw_src if raw_src is not None else inspect.getsourcelines(fn)[0])
@@ -216,7 +209,7 @@ def _reference(value: Any) -> tuple | None:
 
 def _importable(module: str) -> bool:
     root = module.partition(".")[0]
-    return root in _IMPORTABLE_ROOTS or root in getattr(sys, "stdlib_module_names", ())
+    return root in _IMPORTABLE_ROOTS
 
 
 def _plain(value: Any) -> bool:
