@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar, cast, overload
 
@@ -98,8 +99,12 @@ class Setting(Generic[T]):
         """``raw`` as a value of this variable, or a :class:`ConfigError` naming it."""
         value = self._convert(raw.strip())
         if value is None:
-            raise ConfigError(f"{self.env}={raw!r}: expected {self.expected}")
+            raise ConfigError(f"{self.env}={self.shown(raw)}: expected {self.expected}")
         return value
+
+    def shown(self, raw: str) -> str:
+        """``raw`` as errors and logs may show it."""
+        return repr(raw)
 
     def _convert(self, value: str) -> T | None:
         """``value`` (stripped) as a ``T``, or None where it is not one."""
@@ -184,6 +189,33 @@ class _NodeLocks(Setting[str]):
         return path if os.path.isabs(path) else None
 
 
+class _StoreUrl(Setting[str]):
+    expected = "redis://[:PASSWORD@]HOST:PORT/DB, rediss://... (TLS) or file:///ABSOLUTE/DIR, or empty"
+
+    def _convert(self, value: str) -> str | None:
+        if not value:
+            return ""
+        parsed = urllib.parse.urlsplit(value)
+        if parsed.scheme in ("redis", "rediss"):
+            return value if parsed.hostname else None
+        if parsed.scheme == "file":
+            return value if not parsed.netloc and parsed.path.startswith("/") and parsed.path != "/" else None
+        return None
+
+    def shown(self, raw: str) -> str:
+        return repr(redact_url(raw))
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password, if any, shown as ``***``: store URLs appear in logs, errors and reports."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.password is None:
+        return url
+    user = f"{parsed.username}:" if parsed.username else ":"
+    host = parsed.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parsed._replace(netloc=f"{user}***@{host}"))
+
+
 def cpu_share() -> int:
     """The number of CPUs this process may use: its affinity mask, lowered by a cgroup v2 quota if one is set."""
     try:
@@ -253,6 +285,15 @@ class _Settings:
     build_timeout = _Seconds("BUILDOPS_BUILD_TIMEOUT", "Seconds a build may run before it is given up as failed, so "
                              "that a hung compile never holds an op's calls or a join; its op compiles on first use. "
                              "0: no limit.", lambda: 900.0)
+    store = _StoreUrl("BUILDOPS_STORE", "The build store shared by the nodes of a cluster (Redis, or a directory "
+                      "every node mounts): builds are claimed there and their artifacts kept there. Empty: builds "
+                      "are shared by the processes of one node only.", lambda: "", default_doc="empty (off)")
+    store_timeout = _Seconds("BUILDOPS_STORE_TIMEOUT", "Seconds one request to the build store may take; a store "
+                             "that fails or is slower is left alone for the rest of the process (builds go on "
+                             "locally).", lambda: 2.0)
+    store_lease = _Seconds("BUILDOPS_STORE_LEASE", "Seconds a node's claim on a build in the store lasts unless "
+                           "renewed (it is renewed while the build runs): how long others wait for a node that "
+                           "died mid-build.", lambda: 30.0)
     progress_after = _Seconds("BUILDOPS_PROGRESS_AFTER", "Seconds a join waits before it shows a progress bar.",
                               lambda: 1.0)
 

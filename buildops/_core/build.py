@@ -8,9 +8,38 @@ import enum
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Build", "BuildRecord", "BuildState", "BuildTimeoutError", "OpStats"]
+__all__ = ["Artifact", "Build", "BuildRecord", "BuildState", "BuildTimeoutError", "OpStats"]
+
+
+class Artifact(Protocol):
+    """What a build leaves in its library's own cache, so that the nodes of a cluster can share it through the
+    build store (``BUILDOPS_STORE``, :mod:`buildops._core.sharing`). One object per build.
+
+    Contract for a backend:
+      * ``identity()`` names everything that makes the artifact valid (library versions, target, compiler,
+        options, the relevant environment) and nothing of where things are installed: two nodes with equal
+        identities build interchangeable artifacts, two with different versions never share one. 64 hex
+        characters (a sha256). Called on a builder thread before the run; may be slow once (it may hash an install).
+      * ``known_locally()`` is true when the local cache already holds what an earlier fetch or upload of this
+        identity placed there, so the store need not be asked.
+      * ``install(files)`` puts fetched files (relative path -> bytes, already verified) into the local cache
+        before the run, atomically per entry (a reader never sees half an entry), and replaces no entry that is
+        there; the run then finds them cached. Files it cannot place are left out (the run compiles them).
+      * ``collect()`` is called after a run that built: the files to share (relative path -> bytes), with no
+        absolute path of this node inside them, or None when there is nothing to share. It may remember that the
+        local cache holds them (``known_locally``).
+      * None of them raises for a missing or foreign cache entry; any exception leaves the build to run unshared.
+    """
+
+    def identity(self) -> str: ...
+
+    def known_locally(self) -> bool: ...
+
+    def install(self, files: dict[str, bytes]) -> None: ...
+
+    def collect(self) -> dict[str, bytes] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +84,7 @@ class Build:
     shared: bool = True  # built once per node: other processes wait, then find it in the library's disk cache
     serial: bool = False  # one at a time, on the builder's serial worker (builds that time GPU work)
     after: tuple[Hashable, ...] = ()  # serial builds: keys of the normal builds to wait for (see the contract)
+    artifact: Artifact | None = None  # shared through the build store, where one is set (see Artifact)
 
     def __post_init__(self) -> None:
         if self.after and not self.serial:
@@ -105,7 +135,8 @@ class BuildRecord:
     ran). For a built build, ``cached`` and ``skipped`` are what its run said (the :class:`Build` contract),
     taken from the run when the record is made unless given: ``cached`` True if the artifact was found already
     in the library's cache, False if it compiled, None if unknown; ``skipped`` the reason it had nothing to
-    compile, or None; ``where`` where it compiled, if not where its library's builds go by default, or None."""
+    compile, or None; ``where`` where it compiled, if not where its library's builds go by default, or None;
+    ``origin`` "store" where its artifact came from the build store, else None."""
 
     build: Build
     state: BuildState
@@ -116,6 +147,7 @@ class BuildRecord:
     cached: bool | None = None
     skipped: str | None = None
     where: str | None = None
+    origin: str | None = None
 
     def __post_init__(self) -> None:
         if self.state is not BuildState.BUILT:
@@ -154,3 +186,6 @@ class Record:
     given_up: bool = False  # timed out: its run's outcome, whenever it comes, is dropped
     claim: Any = None  # its claim on the key across the node, while it is built here
     refused_since: float | None = None  # time.monotonic() when another process of the node first held its key
+    lease: Any = None  # its claim on the key in the build store, while it is built here
+    held_elsewhere_since: float | None = None  # time.monotonic() when another node first held its key in the store
+    origin: str | None = None  # "store": its artifact was fetched from the build store

@@ -13,7 +13,8 @@ Concurrency model:
     waits for a worker process goes first too (:mod:`buildops._runtime.turns`). Passes and ``join`` expedite
     nothing.
   * A shared build is claimed across the node first (:mod:`.claims`); one another process holds goes to the back
-    of its lane.
+    of its lane. Then, with a build store, across the cluster (:mod:`.sharing`): fetched if stored, else claimed
+    there; one another node holds goes to the back of its lane too.
   * A record whose future was cancelled before a worker reached it is skipped
     (``Future.set_running_or_notify_cancel``), so a cancelled build never runs.
   * A build that raises is marked failed, logged once with its traceback and counted; its future holds the
@@ -45,6 +46,7 @@ from .build import Build, BuildRecord, BuildState, BuildTimeoutError, OpStats, R
 from .claims import claim, release
 from .lanes import Lanes
 from .serial import SerialQueue
+from .sharing import StoreCounts, StoreSharing, store_sharing
 from .waiting import wait_until_done
 from .watchdog import Watchdog, abandon, stuck, stuck_gpu_builds
 
@@ -83,6 +85,7 @@ class Builder:
         self._in_flight = 0  # records queued or building
         self._closed = False
         self._claims = node_claims()
+        self._sharing = store_sharing()
         self._started_workers = 0  # for worker names: one that replaced a stuck one gets a new name
         self._watch_changed = threading.Condition(self._lock)  # a deadline set, a run ended, or closing
         self._watchdog: Watchdog[Record] = Watchdog(self._watch_changed, self._give_up_locked, self._after_give_up,
@@ -158,9 +161,16 @@ class Builder:
                     and not claim(self._claims, record)):
                 put_back(record)  # another process of the node builds it: something else first
                 continue
+            sharing = self._sharing if record.build.shared and not record.future.cancelled() else None
+            if sharing is not None and not sharing.before_run(record):
+                self._release_claim(record)
+                put_back(record)  # another node builds it: something else first
+                continue
             try:
-                self._run(record)
+                self._run(record, sharing)
             finally:
+                if sharing is not None:
+                    sharing.release(record)
                 self._release_claim(record)
             if record.given_up:  # another worker took this one's place while it was stuck in the build
                 return
@@ -177,7 +187,7 @@ class Builder:
         record = self._records.get(key)
         return record is None or record.settled or record.future.cancelled()
 
-    def _run(self, record: Record) -> None:
+    def _run(self, record: Record, sharing: StoreSharing | None = None) -> None:
         if not record.future.set_running_or_notify_cancel():
             with self._lock:  # cancelled while queued: by cancel or shutdown, or by its owner through the future
                 if record.state is not BuildState.CANCELLED:  # its owner: cancel and shutdown did this already
@@ -201,6 +211,8 @@ class Builder:
             if self._finish(record, time.perf_counter() - start, exc):
                 record.future.set_exception(exc)
         else:
+            if sharing is not None:  # stored before anyone learns it is built: a process may end once it is
+                sharing.after_build(record)
             if self._finish(record, time.perf_counter() - start, None):
                 record.future.set_result(result)
 
@@ -389,8 +401,12 @@ class Builder:
         return {op: replace(s) for op, s in self._stats.items()}
 
     def _copy_history(self) -> list[BuildRecord]:
-        return [BuildRecord(r.build, r.state, r.seconds, getattr(r.build.run, "waited", 0.0), r.started, r.error)
-                for r in self._history]
+        return [BuildRecord(r.build, r.state, r.seconds, getattr(r.build.run, "waited", 0.0), r.started, r.error,
+                            origin=r.origin) for r in self._history]
+
+    def store_counts(self) -> StoreCounts | None:
+        """What this builder's builds took from and gave to the build store; None without one."""
+        return None if self._sharing is None else self._sharing.counts()
 
     @property
     def closed(self) -> bool:
@@ -435,6 +451,8 @@ class Builder:
             self._watch_changed.notify_all()  # the watchdog ends once no run it watches is left
         if serial is not None:
             workers.append(serial)
+        if self._sharing is not None:
+            self._sharing.close()
         if wait:
             deadline = None if timeout is None else time.monotonic() + timeout  # for all of them, not each
             for thread in workers:

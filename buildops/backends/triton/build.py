@@ -21,7 +21,7 @@ from triton.runtime.jit import JITFunction
 from ..._config import triton_executor
 from ..._runtime import children
 from ..._runtime.forking import forget_in_child
-from . import worker
+from . import entries, worker
 from .driver import compile_only, inner_jit, kernel_name
 from .patches import building
 from .pool import workers
@@ -76,6 +76,7 @@ class WarmupRun:
         self.cached: bool | None = None
         self.skipped: str | None = None
         self.where: str | None = None
+        self.entries: set[str] = set()  # the Triton cache entries its last call opened (for the build store)
 
     def _compile_in_worker(self) -> tuple[bool | None, str | None]:
         """Compile in a worker process: from the kernel's source where it travels (nothing of the user's is
@@ -116,12 +117,13 @@ class WarmupRun:
             children.kill_started(started)
 
     def __call__(self) -> Any:
-        with children.building() as started:
+        with children.building() as started, entries.collecting() as opened:
             self._started = started
             try:
                 return self._build()
             finally:
                 self._started = None
+                self.entries = opened
 
     def _build(self) -> Any:
         compiled: bool | None = None  # by a worker process: None where none compiled it

@@ -32,6 +32,7 @@ from ..._runtime.patching import Patch
 from .autotune import tune_build
 from .build import WarmupRun
 from .driver import active_driver, compile_only, kernel_name, target
+from .entries import TritonEntries
 from .interpret import InterpretedRun, interpreted, run_patch, twin
 from .late import note_listed
 from .patches import building
@@ -123,8 +124,9 @@ class _Recording:
         device = active_driver().get_current_device()
         # On a GPU the build also loads the module: GPU work, which graph capture must not overlap.
         run = WarmupRun(jit, stand_ins, kwargs, device, the_target)
+        entries = TritonEntries(key, (the_target.backend, the_target.arch, the_target.warp_size), run)
         self.builds.append(Build(self.op, key, run, uses_gpu=not compile_only(), loads_only=True, label=label,
-                                 library="triton"))
+                                 library="triton", artifact=entries))
 
 
 _recording_var: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("buildops_triton", default=None)

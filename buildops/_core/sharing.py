@@ -1,0 +1,246 @@
+"""A builder's side of the build store (``BUILDOPS_STORE``): share builds across the nodes of a cluster.
+
+Around each shared build that has an :class:`~.build.Artifact`, after the node claim (:mod:`.claims`, the fast
+path: one process of a node asks the store for a key):
+
+1. a key the local cache holds already (``known_locally``) skips the store;
+2. an artifact in the store is fetched, verified (:mod:`buildops.store.packing`) and installed into the local
+   cache; the run then finds it cached. A bad one is dropped, built here and stored again;
+3. otherwise the key is claimed in the store with a lease, renewed while it builds; after the run the artifact is
+   stored and the claim released. A key another node holds is put back (the builder builds something else) and
+   asked for again; it is built here once that node's lease lapses (it died) or it has held the key past
+   ``BUILDOPS_BUILD_TIMEOUT``.
+
+The store failing never fails a build or slows a start past one request's ``BUILDOPS_STORE_TIMEOUT``: the first
+failure is logged once and the store is left alone for the rest of the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from .._config import read_or_default, settings
+from ..store import BuildStore, StoreError, open_store
+from ..store.packing import BadArtifact, pack, unpack
+from .build import Build
+
+__all__ = ["StoreCounts", "StoreSharing", "store_sharing"]
+
+logger = logging.getLogger("buildops")
+
+# How long a worker waits before it puts back a build another node holds (as for node claims).
+HELD_ELSEWHERE_WAIT_SECONDS = 0.05
+
+
+@dataclass
+class StoreCounts:
+    """What a process's builds took from and gave to the store."""
+
+    store: str = ""             # its URL, password hidden
+    fetched: int = 0            # artifacts fetched and installed
+    fetched_bytes: int = 0
+    fetch_seconds: float = 0.0  # spent getting and installing them
+    stored: int = 0             # artifacts built here and put in the store
+    stored_bytes: int = 0
+    known_locally: int = 0      # builds whose artifact the local cache held: the store was not asked
+    waited_for_others: int = 0  # builds put back at least once because another node held them
+    built_after_others: int = 0  # builds done here after another node held them past BUILDOPS_BUILD_TIMEOUT
+    bad: int = 0                # artifacts from the store that failed verification (built here instead)
+    failed: str | None = None   # the failure that turned the store off for this process
+
+
+class _Shared(Protocol):
+    build: Build
+    timeout: float
+    lease: Any
+    held_elsewhere_since: float | None
+    origin: str | None
+
+
+class StoreSharing:
+    """The build store as one builder uses it; thread-safe. See the module docstring."""
+
+    def __init__(self, store: BuildStore, lease: float) -> None:
+        self.store = store
+        self.lease = lease
+        self._lock = threading.Lock()
+        self._counts = StoreCounts(store=store.where)
+        self._held: dict[int, Any] = {}  # leases held now, by id(record)
+        self._renewing = threading.Condition(self._lock)
+        self._renewer: threading.Thread | None = None
+        self._identities: dict[int, str] = {}  # identity of each record asked for, by id(record)
+
+    @property
+    def off(self) -> bool:
+        return self._counts.failed is not None
+
+    def counts(self) -> StoreCounts:
+        with self._lock:
+            return replace(self._counts)
+
+    def before_run(self, record: _Shared) -> bool:
+        """Fetch, or claim, ``record``'s artifact; False if another node builds it now (put it back)."""
+        artifact = record.build.artifact
+        if artifact is None or self.off or record.lease is not None:
+            return True
+        try:
+            identity = self._identities.get(id(record)) or artifact.identity()
+            self._identities[id(record)] = identity
+            if artifact.known_locally():
+                self._count(known_locally=1)
+                return True
+            if self._fetch(record, identity):
+                return True
+            lease = self.store.claim(identity, self.lease)
+        except StoreError as error:
+            self._turn_off(error)
+            return True
+        except Exception:
+            logger.debug("buildops: sharing build %s through the store failed", record.build.describe(),
+                         exc_info=True)
+            return True
+        if lease is not None:
+            self._hold(record, lease)
+            return True
+        return not self._still_waiting(record)
+
+    def _fetch(self, record: _Shared, identity: str) -> bool:
+        artifact = record.build.artifact
+        assert artifact is not None
+        start = time.perf_counter()
+        blob = self.store.get(identity)
+        if blob is None:
+            return False
+        try:
+            files = unpack(identity, blob)
+        except BadArtifact as bad:
+            logger.warning("buildops: the build store's artifact of %s (op %s) is bad (%s); building it here",
+                           record.build.describe(), record.build.op, bad)
+            self._count(bad=1)
+            return False
+        artifact.install(files)
+        record.origin = "store"
+        self._count(fetched=1, fetched_bytes=len(blob), fetch_seconds=time.perf_counter() - start)
+        return True
+
+    def _still_waiting(self, record: _Shared) -> bool:
+        """Whether to go on waiting for the node that holds ``record``'s key (it is put back meanwhile)."""
+        now = time.monotonic()
+        if record.held_elsewhere_since is None:
+            record.held_elsewhere_since = now
+            self._count(waited_for_others=1)
+        if 0 < record.timeout < now - record.held_elsewhere_since:
+            logger.warning("buildops: another node has held build %s of op %s in the build store for over %.0f s "
+                           "(BUILDOPS_BUILD_TIMEOUT); building it here", record.build.describe(), record.build.op,
+                           record.timeout)
+            self._count(built_after_others=1)
+            return False
+        time.sleep(HELD_ELSEWHERE_WAIT_SECONDS)
+        return True
+
+    def after_build(self, record: _Shared) -> None:
+        """Store what ``record``'s run built here (not fetched, nor found locally), before its future is set."""
+        with self._lock:
+            identity = self._identities.get(id(record))
+        artifact = record.build.artifact
+        built_here = record.lease is not None or record.held_elsewhere_since is not None
+        if not (built_here and identity and artifact is not None and record.origin is None) or self.off:
+            return
+        try:
+            self._put(identity, artifact)
+        except StoreError as error:
+            self._turn_off(error)
+        except Exception:
+            logger.debug("buildops: storing build %s failed", record.build.describe(), exc_info=True)
+
+    def release(self, record: _Shared) -> None:
+        """Release ``record``'s claim in the store, if it holds one, once its run ended (or never began)."""
+        with self._lock:
+            lease = self._held.pop(id(record), None)
+            self._identities.pop(id(record), None)
+        record.lease = None
+        if lease is not None:
+            self._release(lease)
+
+    def close(self) -> None:
+        """Release every claim held (the builder shuts down) and let the store go."""
+        with self._lock:
+            leases = list(self._held.values())
+            self._held.clear()
+            self._renewing.notify_all()
+        for lease in leases:
+            self._release(lease)
+        self.store.close()
+
+    def _put(self, identity: str, artifact: Any) -> None:
+        files = artifact.collect()
+        if not files:
+            return
+        blob = pack(identity, files)
+        self.store.put(identity, blob)
+        self._count(stored=1, stored_bytes=len(blob))
+
+    def _release(self, lease: Any) -> None:
+        try:
+            lease.release()
+        except StoreError:  # it lapses by itself
+            logger.debug("buildops: releasing a claim in the build store failed", exc_info=True)
+
+    # -- leases ------------------------------------------------------------------------------------------------
+
+    def _hold(self, record: _Shared, lease: Any) -> None:
+        record.lease = lease
+        with self._lock:
+            self._held[id(record)] = lease
+            if self._renewer is None:
+                self._renewer = threading.Thread(target=self._renew, name="buildops-store-leases", daemon=True)
+                self._renewer.start()
+
+    def _renew(self) -> None:
+        """Renew the leases held, a third of a lease apart, while any is held."""
+        while True:
+            with self._lock:
+                self._renewing.wait(self.lease / 3)
+                leases = list(self._held.values())
+                if not leases:
+                    self._renewer = None
+                    return
+            for lease in leases:
+                try:
+                    lease.renew()
+                except StoreError as error:
+                    self._turn_off(error)
+                    break
+
+    def _count(self, **added: float) -> None:
+        with self._lock:
+            for name, value in added.items():
+                setattr(self._counts, name, getattr(self._counts, name) + value)
+
+    def _turn_off(self, error: StoreError) -> None:
+        with self._lock:
+            if self._counts.failed is not None:
+                return
+            self._counts.failed = str(error)
+            leases = list(self._held.values())
+            self._renewing.notify_all()
+        logger.warning("buildops: %s; builds go on without the store for the rest of this process", error)
+        for lease in leases:  # best effort: they lapse by themselves otherwise
+            self._release(lease)
+
+
+def store_sharing() -> StoreSharing | None:
+    """The store ``BUILDOPS_STORE`` names, for a new builder; None when unset or unusable (logged)."""
+    url = read_or_default(type(settings).store)
+    if not url:
+        return None
+    try:
+        store = open_store(url, read_or_default(type(settings).store_timeout))
+    except (StoreError, ValueError) as error:
+        logger.warning("buildops: %s; builds are shared by this node's processes only", error)
+        return None
+    return StoreSharing(store, read_or_default(type(settings).store_lease))

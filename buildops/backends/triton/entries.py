@@ -1,0 +1,211 @@
+"""A Triton build's cache entries as an :class:`~buildops._core.build.Artifact`, shared through the build store.
+
+While a build runs, the entries of ``TRITON_CACHE_DIR`` its thread looks up or writes are noted
+(:func:`collecting`): the kernel's own entry and, on a GPU, those of its launcher. Triton names each entry by its own
+hash of everything that goes into it, so an entry installed from the store under a wrong identity is only never
+found, never loaded wrong. A group file (``__grp__<name>.json``) names its files by absolute path: in the store it
+names them by file name alone, and an install names them where this node keeps them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import threading
+import uuid
+from collections.abc import Hashable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..._runtime.patching import Patch
+
+__all__ = ["TritonEntries", "collecting"]
+
+MARKERS = "buildops-shared"  # a directory of Triton's cache dir: what the store placed or took, by identity
+_GROUP_PREFIX = "__grp__"
+
+_noted = threading.local()  # .entries: the set this thread's block fills, or None outside one
+
+
+def _noting_init(original: Any) -> Any:
+    def __init__(self: Any, key: Any, override: bool = False, dump: bool = False) -> None:
+        original(self, key, override, dump)
+        entries = getattr(_noted, "entries", None)
+        if entries is not None and not override and not dump:
+            entries.add(str(key))
+    return __init__
+
+
+@functools.cache
+def _init_patch() -> Patch:
+    from triton.runtime.cache import FileCacheManager
+
+    return Patch(FileCacheManager, "__init__", _noting_init,
+                 "Triton 3.6-3.7 tell no one which cache entries a compile or a launcher load used: buildops notes "
+                 "the entries the building thread opens, to share them through the build store")
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[set[str]]:
+    """Within the block, the name of each entry of Triton's cache dir this thread opens is added to the set."""
+    patch = _init_patch()
+    entries: set[str] = set()
+    outer = getattr(_noted, "entries", None)
+    _noted.entries = entries
+    patch.acquire()
+    try:
+        yield entries
+    finally:
+        patch.release()
+        _noted.entries = outer
+        if outer is not None:
+            outer.update(entries)
+
+
+def _cache_dir() -> Path:
+    from triton import knobs
+
+    return Path(knobs.cache.dir)
+
+
+@functools.cache
+def _install_identity(backend: str, arch: Any, warp_size: int) -> str:
+    """What the compiler brings to a kernel's identity: Triton's own hash of its install (contents, not paths), the
+    backend's (ptxas's version and the arch), and the Python and machine a launcher is built for."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import triton_key
+
+    backend_hash = make_backend(GPUTarget(backend, arch, warp_size)).hash()
+    return f"{triton_key()}|{backend_hash}|{sys.version_info[:2]}|{platform.machine()}"
+
+
+def _environment() -> str:
+    """The variables Triton's own cache key reads (``get_cache_invalidating_env_vars``)."""
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+    except ImportError:
+        return ""
+    return repr(sorted(get_cache_invalidating_env_vars().items()))
+
+
+class TritonEntries:
+    """The artifact of one Triton build (the ``Artifact`` contract): ``key`` is the build's key, ``target`` its
+    ``(backend, arch, warp_size)``, ``run`` its run, whose ``entries`` holds what its thread opened."""
+
+    def __init__(self, key: Hashable, target: tuple[str, Any, int], run: Any) -> None:
+        self.key, self.target, self.run = key, target, run
+        self._identity: str | None = None
+
+    def identity(self) -> str:
+        if self._identity is None:
+            described = f"triton|{self.key!r}|{_install_identity(*self.target)}|{_environment()}"
+            self._identity = hashlib.sha256(described.encode()).hexdigest()
+        return self._identity
+
+    def _marker(self) -> Path:
+        return _cache_dir() / MARKERS / self.identity()
+
+    def known_locally(self) -> bool:
+        try:
+            names = json.loads(self._marker().read_text())
+        except (OSError, ValueError):
+            return False
+        root = _cache_dir()
+        return bool(names) and all(isinstance(n, str) and _filled(root / n) for n in names)
+
+    def _remember(self, names: list[str]) -> None:
+        marker = self._marker()
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        temporary = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}")
+        temporary.write_text(json.dumps(sorted(names)))
+        os.replace(temporary, marker)
+
+    def install(self, files: dict[str, bytes]) -> None:
+        root = _cache_dir()
+        by_entry: dict[str, dict[str, bytes]] = {}
+        for path, data in files.items():
+            entry, _, name = path.partition("/")
+            if name and "/" not in name:
+                by_entry.setdefault(entry, {})[name] = data
+        for entry, contents in by_entry.items():
+            _install_entry(root, entry, contents)
+        self._remember(list(by_entry))
+
+    def collect(self) -> dict[str, bytes] | None:
+        root = _cache_dir()
+        files: dict[str, bytes] = {}
+        kept = []
+        for entry in sorted(getattr(self.run, "entries", ()) or ()):
+            contents = _read_entry(root / entry)
+            if contents:
+                kept.append(entry)
+                files.update({f"{entry}/{name}": data for name, data in contents.items()})
+        if not files:
+            return None
+        self._remember(kept)
+        return files
+
+
+def _filled(directory: Path) -> bool:
+    try:
+        return any(True for _ in directory.iterdir())
+    except OSError:
+        return False
+
+
+def _read_entry(directory: Path) -> dict[str, bytes]:
+    """An entry's files, its group files naming their files by name alone; {} if it has none."""
+    contents = {}
+    try:
+        paths = [p for p in directory.iterdir() if p.is_file() and not p.is_symlink() and p.name != "lock"]
+        for path in paths:
+            data = path.read_bytes()
+            contents[path.name] = _group_by_name(data) if path.name.startswith(_GROUP_PREFIX) else data
+    except (OSError, ValueError):
+        return {}
+    return contents
+
+
+def _group_by_name(data: bytes) -> bytes:
+    group = json.loads(data)
+    group["child_paths"] = {child: os.path.basename(path) for child, path in group["child_paths"].items()}
+    return json.dumps(group).encode()
+
+
+def _group_here(data: bytes, directory: Path) -> bytes:
+    group = json.loads(data)
+    group["child_paths"] = {child: str(directory / os.path.basename(name))
+                            for child, name in group["child_paths"].items()}
+    return json.dumps(group).encode()
+
+
+def _install_entry(root: Path, entry: str, contents: dict[str, bytes]) -> None:
+    """Place one entry's files as ``root/entry``, whole or not at all; an entry already there is left as it is.
+    Triton makes an entry's directory when it looks it up, so an empty one is filled (its files renamed in one at
+    a time, the group file last: Triton finds the entry only through it)."""
+    final = root / entry
+    if final.is_dir() and any(final.glob(_GROUP_PREFIX + "*")):
+        return
+    staging = root / f"tmp.buildops.{uuid.uuid4().hex}"
+    staging.mkdir(parents=True)
+    try:
+        for name, data in contents.items():
+            is_group = name.startswith(_GROUP_PREFIX)
+            (staging / name).write_bytes(_group_here(data, final) if is_group else data)
+        try:
+            os.rename(staging, final)
+            return
+        except OSError:  # there already (Triton made it empty, or another process filled it): file by file
+            pass
+        for name in sorted(contents, key=lambda n: n.startswith(_GROUP_PREFIX)):
+            if not (final / name).exists():
+                os.replace(staging / name, final / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,135 @@
+"""The build store in a directory every node mounts (``file:///DIR``, e.g. on NFS).
+
+``DIR/artifacts/<key>`` holds a packed artifact, written to a temporary name and renamed into place (a reader sees
+all of it or none). ``DIR/claims/<key>`` is a claim: made with ``O_EXCL`` holding the claimer's token; its
+modification time, set to the lease's end at each renewal, says when it lapses. A node takes over a lapsed claim by
+renaming it aside first, which only one node can do. Lease ends are compared with this node's clock: the nodes'
+clocks must agree to well within a lease (NTP does).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from .interface import BuildStore, Lease, StoreError, check_key
+
+__all__ = ["FileStore"]
+
+
+class FileStore(BuildStore):
+    def __init__(self, url: str, timeout: float) -> None:
+        self.url = url
+        self.root = Path(url.removeprefix("file://"))
+        self._artifacts, self._claims = self.root / "artifacts", self.root / "claims"
+        try:
+            self._artifacts.mkdir(parents=True, exist_ok=True)
+            self._claims.mkdir(exist_ok=True)
+        except OSError as error:
+            raise StoreError(f"build store {self.where}: cannot make its directories: {error}") from None
+
+    def _fail(self, what: str, error: OSError) -> StoreError:
+        return StoreError(f"build store {self.where}: {what} failed: {type(error).__name__}: {error}")
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return (self._artifacts / check_key(key)).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise self._fail("get", error) from None
+
+    def put(self, key: str, blob: bytes) -> None:
+        final = self._artifacts / check_key(key)
+        temporary = self._artifacts / f".{key}.{secrets.token_hex(8)}"
+        try:
+            temporary.write_bytes(blob)
+            os.replace(temporary, final)
+        except OSError as error:
+            temporary.unlink(missing_ok=True)
+            raise self._fail("put", error) from None
+
+    def claim(self, key: str, lease: float) -> Lease | None:
+        path, token = self._claims / check_key(key), secrets.token_hex(16)
+        try:
+            if _lapsed(path):
+                aside = path.with_name(f".{key}.{token}")
+                try:
+                    os.rename(path, aside)  # only one node renames it: the others find it gone
+                    aside.unlink()
+                except FileNotFoundError:
+                    pass
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return None
+        except OSError as error:
+            raise self._fail("claim", error) from None
+        try:
+            os.write(fd, token.encode())
+        finally:
+            os.close(fd)
+        held = _FileLease(self, path, token, lease)
+        held.renew()
+        return held
+
+    def entries(self) -> Iterator[tuple[str, int]]:
+        try:
+            found = [(p.name, p.stat().st_size) for p in self._artifacts.iterdir() if not p.name.startswith(".")]
+        except OSError as error:
+            raise self._fail("list", error) from None
+        yield from found
+
+    def claims(self) -> int:
+        try:
+            return sum(1 for p in self._claims.iterdir() if not p.name.startswith(".") and not _lapsed(p))
+        except OSError as error:
+            raise self._fail("list", error) from None
+
+    def clear(self) -> int:
+        removed = 0
+        try:
+            for folder in (self._artifacts, self._claims):
+                for path in folder.iterdir():
+                    path.unlink(missing_ok=True)
+                    removed += not path.name.startswith(".")
+        except OSError as error:
+            raise self._fail("clear", error) from None
+        return removed
+
+
+def _lapsed(path: Path) -> bool:
+    try:
+        return path.stat().st_mtime < time.time()
+    except FileNotFoundError:
+        return False
+
+
+class _FileLease(Lease):
+    def __init__(self, store: FileStore, path: Path, token: str, lease: float) -> None:
+        self._store, self._path, self._token, self._lease = store, path, token, lease
+
+    def _mine(self) -> bool:
+        try:
+            return self._path.read_text() == self._token
+        except FileNotFoundError:
+            return False
+
+    def renew(self) -> bool:
+        try:
+            if not self._mine():
+                return False
+            end = time.time() + self._lease
+            os.utime(self._path, (end, end))
+            return True
+        except OSError as error:
+            raise self._store._fail("renew", error) from None
+
+    def release(self) -> None:
+        try:
+            if self._mine():
+                self._path.unlink(missing_ok=True)
+        except OSError as error:
+            raise self._store._fail("release", error) from None

@@ -1,0 +1,110 @@
+"""What every build store offers (:class:`BuildStore`), and :func:`open_store`, which picks one by URL."""
+
+from __future__ import annotations
+
+import abc
+import urllib.parse
+from collections.abc import Iterator
+
+from .._config import redact_url
+
+__all__ = ["BuildStore", "Lease", "StoreError", "open_store"]
+
+# Names the store's keys, values and claims share: artifacts are named by their identity (a sha256 in hex).
+KEY_LENGTH = 64
+
+
+class StoreError(RuntimeError):
+    """A request to the store failed: down, too slow, full, refused. Its text never holds a password."""
+
+
+class Lease(abc.ABC):
+    """A claim on one key in the store, held until released or until its lease lapses unrenewed."""
+
+    @abc.abstractmethod
+    def renew(self) -> bool:
+        """Extend the lease by its length from now; False if it lapsed meanwhile and another node holds the key."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Give the claim up now (a no-op if it lapsed); never releases another node's claim on the key."""
+
+
+class BuildStore(abc.ABC):
+    """A place every node reaches, holding build artifacts and claims by key.
+
+    Contract for a backend:
+      * Keys are identities of builds (:data:`KEY_LENGTH` hex characters); a backend refuses anything else
+        with ``ValueError``, so that a key can never name a path or a pattern.
+      * Every method either returns within the store's timeout or raises :class:`StoreError`; none raises
+        anything else for the store being down, slow, full or refusing, and none waits for another node.
+      * ``get`` returns exactly the bytes a ``put`` of that key stored, or None; a value is stored whole or not at
+        all (a reader never sees part of one). The caller verifies it (:mod:`.packing`): a backend does not.
+      * ``put`` of a key already present may keep either value: equal keys hold interchangeable artifacts.
+      * ``claim`` is exclusive across every node: while one lease on a key is held and renewed, ``claim`` of it
+        elsewhere returns None. A lease not renewed for its length lapses, and the key can be claimed again.
+      * Nothing read from a store is ever unpickled or executed by buildops.
+    """
+
+    url: str  # as given, password included: show ``where`` instead
+
+    @property
+    def where(self) -> str:
+        """The store's URL without its password, for logs and reports."""
+        return redact_url(self.url)
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes | None: ...
+
+    @abc.abstractmethod
+    def put(self, key: str, blob: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def claim(self, key: str, lease: float) -> Lease | None:
+        """A lease of ``lease`` seconds on ``key``, or None if another node holds one."""
+
+    @abc.abstractmethod
+    def entries(self) -> Iterator[tuple[str, int]]:
+        """Each artifact's key and size in bytes."""
+
+    @abc.abstractmethod
+    def claims(self) -> int:
+        """How many claims are held now."""
+
+    @abc.abstractmethod
+    def clear(self) -> int:
+        """Remove every artifact and claim of buildops from the store; how many were removed."""
+
+    def stats(self) -> dict[str, int | str]:
+        """What the store holds: ``{"store": where, "artifacts": n, "bytes": total, "claims": held}``."""
+        count = size = 0
+        for _, length in self.entries():
+            count += 1
+            size += length
+        return {"store": self.where, "artifacts": count, "bytes": size, "claims": self.claims()}
+
+    def close(self) -> None:  # noqa: B027 - most stores hold nothing to let go of
+        """Let go of connections and files (a store is usable until then)."""
+
+
+def check_key(key: str) -> str:
+    """``key`` if it is a store key, else ``ValueError`` (the backends' contract)."""
+    if len(key) != KEY_LENGTH or any(c not in "0123456789abcdef" for c in key):
+        raise ValueError(f"not a build store key (64 lowercase hex characters): {key[:80]!r}")
+    return key
+
+
+def open_store(url: str, timeout: float = 2.0) -> BuildStore:
+    """The store at ``url``: ``redis://[:PASSWORD@]HOST:PORT/DB`` (``rediss://`` for TLS) or ``file:///DIR``.
+    Requests give up after ``timeout`` seconds. Raises ``ValueError`` for another URL and :class:`StoreError` when
+    the store cannot be used (the Redis client missing)."""
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme in ("redis", "rediss"):
+        from .redis_store import RedisStore
+
+        return RedisStore(url, timeout)
+    if scheme == "file":
+        from .file_store import FileStore
+
+        return FileStore(url, timeout)
+    raise ValueError(f"build store URL {redact_url(url)!r}: expected redis://, rediss:// or file:///")
