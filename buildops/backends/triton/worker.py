@@ -234,3 +234,19 @@ def found_cached(compiles: list[bool | None]) -> bool | None:
     if False in compiles:
         return False
     return None if None in compiles else True
+
+
+def prebuild(kernel: Any, args: tuple, kwargs: dict, cache_dir: str,
+             target: tuple[str, int, int]) -> tuple[bool | None, list[str]]:
+    """Compile one variant of a manifest's entry (``buildops prebuild``): ``kernel`` is a ``shipping.ShippedKernel``
+    or a ``(module, qualname)`` to import. Returns whether it compiled (as :func:`compile_variant`) and the names
+    of the Triton cache entries it used, which the parent shares through the build store."""
+    from .entries import collecting
+
+    use_target(*target)
+    with collecting() as used:
+        if isinstance(kernel, tuple):
+            compiled = compile_variant(*kernel, args, kwargs, cache_dir, target)
+        else:
+            compiled = compile_shipped(kernel, args, kwargs, cache_dir, target)
+    return compiled, sorted(used)
