@@ -43,7 +43,7 @@ def _decode(text: str) -> Any:
 def _versions() -> dict[str, str]:
     import triton
 
-    return {"triton": triton.__version__, "python": "%d.%d" % sys.version_info[:2], "machine": platform.machine()}
+    return {"triton": triton.__version__, "python": "{}.{}".format(*sys.version_info[:2]), "machine": platform.machine()}
 
 
 def entry(build: Build) -> dict[str, Any] | str:

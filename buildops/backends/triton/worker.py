@@ -246,7 +246,8 @@ def prebuild(kernel: Any, args: tuple, kwargs: dict, cache_dir: str,
     use_target(*target)
     with collecting() as used:
         if isinstance(kernel, tuple):
-            compiled = compile_variant(*kernel, args, kwargs, cache_dir, target)
+            module, qualname = kernel
+            compiled = compile_variant(module, qualname, args, kwargs, cache_dir, target)
         else:
             compiled = compile_shipped(kernel, args, kwargs, cache_dir, target)
     return compiled, sorted(used)
