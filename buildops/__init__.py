@@ -22,7 +22,7 @@ from ._core.default import join, shutdown
 from ._core.families import OpFamily, model_configured, model_created, register_family, unregister_family
 from ._core.late import LateCompile, LateCompileError, late_compiles
 from ._core.passes import BuildPass, build_pass, rehearsal
-from .reporting import Coverage, ListedNothing, OpReport, Report, report
+from .reporting import Coverage, ListedNothing, OpReport, Report, load_report, report
 
 __version__ = "0.2.0"
 
@@ -85,6 +85,7 @@ __all__ = [
     "join",
     "late_compiles",
     "lists_kernels",
+    "load_report",
     "model_configured",
     "model_created",
     "prepare_graph_capture",

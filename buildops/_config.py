@@ -25,7 +25,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar, cast, overload
 
-__all__ = ["ConfigError", "Setting", "cpu_share", "default_workers", "forget_logged", "markdown_table",
+__all__ = ["ConfigError", "Setting", "cpu_share", "default_workers", "forget_logged", "markdown_table", "origin",
            "read_or_default", "settings", "triton_executor"]
 
 logger = logging.getLogger("buildops")
@@ -350,6 +350,16 @@ class _Settings:
 def _declared() -> dict[str, Setting[Any]]:
     """The settings by attribute name, in the order they are declared."""
     return {name: value for name, value in vars(_Settings).items() if isinstance(value, Setting)}
+
+
+def origin(name: str) -> Literal["scope", "env", "default"]:
+    """Where ``settings.<name>`` comes from now: a :meth:`settings.scope <_Settings.scope>` override, its
+    variable (set and not blank), or its default. Reads no value: a bad one is the reader's to report."""
+    setting = _declaration(name, f"origin({name!r})")
+    if name in settings._overrides:
+        return "scope"
+    raw = os.environ.get(setting.env)
+    return "default" if raw is None or raw.strip() == "" else "env"
 
 
 def _declaration(name: str, where: str) -> Setting[Any]:

@@ -1,20 +1,37 @@
 """What the builder did, per op (listed, built, failed, cancelled, seconds spent building and waiting) and per
 build (when it ran, for how long, whether it compiled or found its artifact cached), what compiled late anyway,
 and which ops listed nothing: per library, how many kernels were prebuilt (compiled, or found cached), skipped as
-having nothing to compile, and compiled on first use."""
+having nothing to compile, and compiled on first use.
+
+A report saves as JSON (:meth:`Report.save`) and loads back as a dict (:func:`load_report`) that
+:func:`format_report` prints as the same table.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from ._core.build import BuildRecord, BuildState
 from ._core.default import current_builder
 from ._core.late import LateCompile, late_compiles
 from ._core.passes import ListedNothing, listed_nothing
 
-__all__ = ["Coverage", "ListedNothing", "OpReport", "Report", "report"]
+__all__ = ["Coverage", "ListedNothing", "OpReport", "Report", "format_report", "load_report", "report"]
+
+# What a saved report says it is; a reader refuses any other format, or a version it does not know.
+FORMAT = "buildops-report"
+VERSION = 1
+
+# The OpReport fields that are figures, in the table's order, and the table's heading for each.
+_OP_FIGURES = ("listed", "shared", "built", "failed", "cancelled", "pending", "build_seconds", "wait_seconds")
+_HEADINGS = ("op", "listed", "shared", "built", "failed", "cancelled", "pending", "build s", "wait s")
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,12 @@ class Coverage(tuple[int, int]):
         lines += [f"{library}: {n} build(s) compiled in {where}" for where, n in self.elsewhere.items()]
         return lines
 
+    def to_dict(self) -> dict[str, Any]:
+        """The counts as JSON-able data: ``prebuilt``, ``late``, ``compiled``, ``cached``, ``unknown``, and
+        ``skipped`` and ``elsewhere`` as dicts of counts."""
+        return {"prebuilt": self.prebuilt, "late": self.late, "compiled": self.compiled, "cached": self.cached,
+                "unknown": self.unknown, "skipped": dict(self.skipped), "elsewhere": dict(self.elsewhere)}
+
 
 @dataclass(frozen=True)
 class Report:
@@ -136,30 +159,51 @@ class Report:
         """
         return sum(getattr(op, field) for op in self.ops)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-able data, the same that :meth:`save` writes and :func:`load_report` reads back.
+
+        Its keys (version 1; a reader refuses any other ``format`` or ``version``):
+
+        * ``format``: ``"buildops-report"``; ``version``: ``1``; ``buildops``: the version that made it;
+        * ``ops``: one row per op, ``{"op", "listed", "shared", "built", "failed", "cancelled", "pending",
+          "build_seconds", "wait_seconds"}`` (the :class:`OpReport` fields);
+        * ``totals``: the same figures summed over the ops (no ``"op"``);
+        * ``failures``: ``{"op", "build", "error"}`` each (the build as described in logs, the error as
+          ``"Type: message"``);
+        * ``coverage``: per library, ``{"prebuilt", "late", "compiled", "cached", "unknown", "skipped",
+          "elsewhere"}``, ``skipped`` and ``elsewhere`` mapping a reason or place to a count (:class:`Coverage`);
+        * ``late``: ``{"library", "kernel", "variant", "ops", "where"}`` each (:class:`LateCompile`);
+        * ``listed_nothing``: ``{"op", "pass_name", "signatures"}`` each (:class:`ListedNothing`).
+
+        Counts are integers and seconds floats. The per-build history (:attr:`builds`) is not in it: its builds
+        hold callables, and the counts above are what it sums to.
+        """
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "buildops": _version(),
+            "ops": [asdict(op) for op in self.ops],
+            "totals": {name: self._total_as_saved(name) for name in _OP_FIGURES},
+            "failures": [{"op": op, "build": build, "error": error} for op, build, error in self.failures],
+            "coverage": {library: coverage.to_dict() for library, coverage in self.coverage().items()},
+            "late": [{**asdict(late), "ops": list(late.ops)} for late in self.late],
+            "listed_nothing": [asdict(entry) for entry in self.listed_nothing],
+        }
+
+    def _total_as_saved(self, name: str) -> float:
+        total = self.total(name)
+        return float(total) if name.endswith("_seconds") else int(total)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_dict` as JSON to ``path``, atomically: a reader sees the old file or the whole new one,
+        never part of one. The file is written beside ``path``, then renamed over it."""
+        _write_atomically(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
+
     def format(self) -> str:
         """A plain-text table, one row per op, a total row, then each failure on a line, each library's coverage
         (prebuilt: compiled or found cached; skipped; compiled late), each late compile, and each op that listed
-        nothing."""
-        head = ("op", "listed", "shared", "built", "failed", "cancelled", "pending", "build s", "wait s")
-        rows: list[Sequence[object]] = [
-            (o.op, o.listed, o.shared, o.built, o.failed, o.cancelled, o.pending,
-             f"{o.build_seconds:.2f}", f"{o.wait_seconds:.2f}") for o in self.ops]
-        rows.append(("total", *(int(self.total(f)) for f in ("listed", "shared", "built", "failed", "cancelled",
-                                                              "pending")),
-                     f"{self.total('build_seconds'):.2f}", f"{self.total('wait_seconds'):.2f}"))
-        widths = [max(len(str(r[i])) for r in (head, *rows)) for i in range(len(head))]
-
-        def line(row: Sequence[object]) -> str:  # the op name left-aligned, the figures right-aligned
-            cells = enumerate(zip(row, widths))
-            return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in cells)
-
-        out = [line(head), line(["-" * w for w in widths]), *map(line, rows[:-1]), line(rows[-1])]
-        out += [f"failed: {op}: {build}: {error}" for op, build, error in self.failures]
-        out += [text for lib, coverage in self.coverage().items() for text in coverage.describe(lib)]
-        out += [late.describe() for late in self.late]
-        out += [entry.describe() for entry in self.listed_nothing]
-        return "\n".join(out)
-
+        nothing. The same text as :func:`format_report` of :meth:`to_dict`."""
+        return format_report(self.to_dict())
 
 def report() -> Report:
     """A snapshot of the process's builder (empty if no build was ever submitted), the late compiles and the ops
@@ -184,3 +228,128 @@ def report() -> Report:
     ops = tuple(OpReport(op, s.listed, s.shared, s.built, s.failed, s.cancelled, pending.get(op, 0),
                          s.build_seconds, s.wait_seconds) for op, s in sorted(stats.items()))
     return Report(ops, tuple(failures), prebuilt, late, tuple(history), nothing)
+
+
+def format_report(data: Mapping[str, Any]) -> str:
+    """The text of :meth:`Report.format` for a report's dict: :meth:`Report.to_dict`, or what :func:`load_report`
+    read from a saved one."""
+    rows: list[Sequence[object]] = [_figures(row["op"], row) for row in data["ops"]]
+    rows.append(_figures("total", data["totals"]))
+    out = _table(_HEADINGS, rows)
+    out += [f"failed: {f['op']}: {f['build']}: {f['error']}" for f in data["failures"]]
+    out += [text for library, counts in data["coverage"].items() for text in _coverage(counts).describe(library)]
+    out += [LateCompile(**{**late, "ops": tuple(late["ops"])}).describe() for late in data["late"]]
+    out += [ListedNothing(**entry).describe() for entry in data["listed_nothing"]]
+    return "\n".join(out)
+
+
+def _figures(name: str, row: Mapping[str, Any]) -> tuple[object, ...]:
+    """One table row: the name, the counts, and the seconds with two decimals."""
+    return (name, *(f"{row[key]:.2f}" if key.endswith("_seconds") else row[key] for key in _OP_FIGURES))
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    """The lines of a table: its heading, a rule, then the rows; the first column left-aligned, the others
+    right-aligned, each as wide as its widest cell."""
+    widths = [max(len(str(row[i])) for row in (head, *rows)) for i in range(len(head))]
+
+    def line(row: Sequence[object]) -> str:
+        cells = enumerate(zip(row, widths))
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in cells)
+
+    return [line(head), line(["-" * w for w in widths]), *map(line, rows)]
+
+
+def _coverage(counts: Mapping[str, Any]) -> Coverage:
+    return Coverage(counts["prebuilt"], counts["late"], counts["compiled"], counts["cached"], counts["skipped"],
+                    counts["elsewhere"])
+
+
+# What load_report checks in each part of a saved report: the keys of each entry and their types. A float field
+# takes an integer too (a hand-written 2 for 2.0), and is read as a float.
+_COUNTS: dict[str, type] = {**dict.fromkeys(_OP_FIGURES[:6], int), **dict.fromkeys(_OP_FIGURES[6:], float)}
+_ENTRIES: dict[str, dict[str, type]] = {
+    "ops": {"op": str, **_COUNTS},
+    "failures": {"op": str, "build": str, "error": str},
+    "late": {"library": str, "kernel": str, "variant": str, "ops": list, "where": str},
+    "listed_nothing": {"op": str, "pass_name": str, "signatures": int},
+}
+_COVERAGE = {"prebuilt": int, "late": int, "compiled": int, "cached": int, "unknown": int, "skipped": dict,
+             "elsewhere": dict}
+
+
+def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A report saved by :meth:`Report.save`, as the dict :meth:`Report.to_dict` made, with exactly the keys it
+    documents (others are dropped) and float fields as floats.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: the file is not JSON, not a buildops report, of another version, or lacks a key or has one of
+            the wrong type; the message names the file and what is wrong.
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        raise ValueError(f"{path}: not a buildops report: not JSON ({error})") from None
+    try:
+        return _checked(data)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+
+
+def _checked(data: object) -> dict[str, Any]:
+    """``data`` as a version-1 report dict, or a ValueError saying what is wrong with it."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"not a buildops report (no \"format\": \"{FORMAT}\")")
+    if data.get("version") != VERSION:
+        raise ValueError(f"a buildops report of version {data.get('version')!r}; this buildops reads version "
+                         f"{VERSION}")
+    entries = {key: [_entry(item, fields, f"{key}[{i}]") for i, item in enumerate(_field(data, key, list))]
+               for key, fields in _ENTRIES.items()}
+    for i, late in enumerate(entries["late"]):
+        if not all(isinstance(op, str) for op in late["ops"]):
+            raise ValueError(f"late[{i}]: 'ops' is {late['ops']!r}, not a list of op names")
+    coverage = {library: _entry(counts, _COVERAGE, f"coverage[{library!r}]")
+                for library, counts in _field(data, "coverage", dict).items()}
+    return {"format": FORMAT, "version": VERSION, "buildops": _field(data, "buildops", str),
+            "ops": entries["ops"], "totals": _entry(_field(data, "totals", dict), _COUNTS, "totals"),
+            "failures": entries["failures"], "coverage": coverage, "late": entries["late"],
+            "listed_nothing": entries["listed_nothing"]}
+
+
+def _field(data: Mapping[str, Any], key: str, kind: type, where: str = "the report") -> Any:
+    value = data.get(key)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{where}: {key!r} is {value!r}, not a {kind.__name__}")
+    return value
+
+
+def _entry(item: object, fields: Mapping[str, type], where: str) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} is {item!r}, not an object")
+    return {key: _field(item, key, kind, where) for key, kind in fields.items()}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a new file beside it, renamed over it once complete."""
+    # A unique name opened exclusively, not mkstemp: its 0600 would stay on the report, where the umask should rule.
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _version() -> str:
+    from . import __version__  # here, not at import: buildops imports this module before it sets its version
+
+    return __version__

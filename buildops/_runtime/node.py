@@ -32,7 +32,7 @@ try:
 except ImportError:  # not POSIX: no node-wide claims
     fcntl = None
 
-__all__ = ["LockFile", "NodeClaims", "node_claims", "open_lock_file"]
+__all__ = ["LockFile", "NodeClaims", "lock_directory", "node_claims", "open_lock_file"]
 
 logger = logging.getLogger("buildops")
 
@@ -156,13 +156,26 @@ def _warn_unusable(directory: Path, why: str) -> None:
                        "BUILDOPS_NODE_LOCKS=<a directory you own, mode 0700>, or off.", directory, why)
 
 
+def lock_directory() -> Path | None:
+    """The directory ``BUILDOPS_NODE_LOCKS`` names, or None when it is ``off``. Makes nothing and checks nothing:
+    :func:`node_claims` does."""
+    where = settings.node_locks
+    return None if where == "off" else _named_directory(where)
+
+
+def _named_directory(where: str) -> Path:
+    """The lock directory for a ``BUILDOPS_NODE_LOCKS`` value other than off: the default ("") is one under the
+    system's temp dir, one per user."""
+    return Path(where) if where else Path(tempfile.gettempdir()) / f"buildops-node-locks-{os.getuid()}"
+
+
 def node_claims() -> NodeClaims | None:
     """The claims directory from ``BUILDOPS_NODE_LOCKS``, or None when it is ``off`` or not safe to use."""
     where = settings.node_locks
     if where == "off" or fcntl is None:
         return None
     default = not where
-    directory = Path(tempfile.gettempdir()) / f"buildops-node-locks-{os.getuid()}" if default else Path(where)
+    directory = _named_directory(where)
     try:
         why = _private_directory(directory, tighten=default)
     except OSError as error:

@@ -1,0 +1,208 @@
+"""The ``buildops`` command line (also ``python -m buildops``).
+
+Each subcommand is one function registered with :func:`subcommand`: its name, a one-line help, its arguments
+(:func:`argument`), and a body that takes the parsed arguments and returns the exit status:
+
+* 0: done;
+* 1: done, and found a problem (``doctor``: a bad setting, a store that does not answer);
+* 2: bad usage, or an input it cannot read: one line on stderr, ``buildops: error: ...``, no traceback.
+
+Output a machine reads has a ``--json`` flag (:data:`JSON`). This module prints; the library code it calls logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from . import __version__
+from ._config import _as_env
+from .reporting import format_report, load_report
+
+__all__ = ["JSON", "UsageError", "argument", "main", "subcommand"]
+
+
+class UsageError(Exception):
+    """Bad usage, or an input that cannot be read: :func:`main` prints the message on one line and returns 2."""
+
+
+@dataclass(frozen=True)
+class _Argument:
+    flags: tuple[str, ...]
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Command:
+    name: str
+    help: str
+    arguments: tuple[_Argument, ...]
+    run: Callable[[argparse.Namespace], int]
+
+
+_COMMANDS: dict[str, _Command] = {}
+
+
+def argument(*flags: str, **options: Any) -> _Argument:
+    """One argument of a subcommand: what ``ArgumentParser.add_argument`` takes."""
+    return _Argument(flags, options)
+
+
+JSON = argument("--json", action="store_true", help="print JSON, for a machine to read")
+
+
+def subcommand(name: str, help: str, *arguments: _Argument) -> Callable[[Callable[[argparse.Namespace], int]],
+                                                                         Callable[[argparse.Namespace], int]]:
+    """Register the decorated function as ``buildops NAME``: it gets the parsed arguments and returns the exit
+    status; it raises :class:`UsageError` for bad usage or an unreadable input. Subcommands are listed in the
+    order they are registered."""
+    def register(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        _COMMANDS[name] = _Command(name, help, arguments, run)
+        return run
+    return register
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints its usage and exits on a usage error; main wants one line and a return value instead.
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The parser of the command line, with every registered subcommand."""
+    top = _Parser(prog="buildops", description="Inspect buildops and its builds. Exit status: 0 done, 1 a "
+                  "problem found, 2 bad usage or an unreadable input.")
+    top.add_argument("--version", action="version", version=f"buildops {__version__}")
+    commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    for command in _COMMANDS.values():
+        sub = commands.add_parser(command.name, help=command.help, description=command.help)
+        for arg in command.arguments:
+            sub.add_argument(*arg.flags, **arg.options)
+        sub.set_defaults(run=command.run)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); the exit status."""
+    try:
+        try:
+            args = parser().parse_args(argv)
+        except SystemExit as done:  # --help, --version: printed, and done
+            return done.code if isinstance(done.code, int) else 0
+        return args.run(args)
+    except UsageError as error:
+        print(f"buildops: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _print_json(data: object) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+@subcommand("report", "print a report saved by Report.save: the table Report.format() prints, or its JSON",
+            argument("file", metavar="FILE.json", help="the saved report"), JSON)
+def _report(args: argparse.Namespace) -> int:
+    try:
+        data = load_report(args.file)
+    except OSError as error:
+        raise UsageError(f"cannot read {args.file}: {error.strerror or error}") from None
+    except ValueError as error:  # load_report's message names the file
+        raise UsageError(str(error)) from None
+    if args.json:
+        _print_json(data)
+    else:
+        print(format_report(data))
+    return 0
+
+
+@subcommand("doctor", "what buildops finds here: versions, GPU, Triton target, caches, settings (and where each "
+            "came from), store", JSON)
+def _doctor(args: argparse.Namespace) -> int:
+    from ._doctor import diagnose  # imports the libraries it reports on: only when asked
+
+    found = diagnose()
+    if args.json:
+        _print_json(found)
+    else:
+        print("\n".join(_doctor_lines(found)))
+    return 1 if found["problems"] else 0
+
+
+def _doctor_lines(found: dict[str, Any]) -> list[str]:
+    """Doctor's findings as text: one section each, in the order of its JSON."""
+    return [*_versions_lines(found["versions"]), *_cuda_lines(found["cuda"]),
+            _target_line(found["triton_target"]), *_caches_lines(found["caches"]),
+            *_settings_lines(found["settings"]), _store_line(found["store"]), *_problems_lines(found["problems"])]
+
+
+def _columns(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Rows of cells, each column left-aligned as wide as its widest cell but the last."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)] if rows else []
+    return [indent + "  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[-1]]).rstrip() for row in rows]
+
+
+def _versions_lines(versions: dict[str, str]) -> list[str]:
+    return ["versions:", *_columns(list(versions.items()))]
+
+
+def _cuda_lines(cuda: dict[str, Any]) -> list[str]:
+    if "error" in cuda:
+        return [f"cuda: unknown ({cuda['error']})"]
+    runtime = f" (runtime {cuda['runtime']})" if cuda.get("runtime") else " (torch built without CUDA)"
+    if not cuda["available"]:
+        return [f"cuda: no device{runtime}"]
+    return [f"cuda: {len(cuda['devices'])} device(s){runtime}",
+            *(f"  {d['index']}: {d['name']}, capability {d['capability']}" for d in cuda["devices"])]
+
+
+def _target_line(target: dict[str, Any]) -> str:
+    if target.get("target") is None:
+        return f"triton target: unknown ({target.get('error')})"
+    how = "compile-only: no GPU driver, from BUILDOPS_TRITON_TARGET" if target["compile_only"] else "this GPU's"
+    return f"triton target: {target['target']} ({how})"
+
+
+def _caches_lines(caches: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [(name, cache["path"] or "-", _cache_state(cache)) for name, cache in caches.items()]
+    return ["caches:", *_columns(rows)]
+
+
+def _cache_state(cache: dict[str, Any]) -> str:
+    if cache["path"] is None:
+        return cache["note"]
+    writable = "writable" if cache["writable"] else "not writable"
+    if not cache["exists"]:
+        return f"missing ({'can be made' if cache['writable'] else 'cannot be made'})"
+    if "note" in cache:
+        return f"{writable}, {cache['note']}"
+    size = f", {cache['top_level_bytes']} bytes in top-level files" if cache["top_level_bytes"] else ""
+    return f"{writable}, {cache['entries']} entries{size}"
+
+
+def _settings_lines(found: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [(entry["env"], f"error: {entry['error']}" if "error" in entry else _as_text(entry["value"]),
+             entry["source"]) for entry in found.values()]
+    return ["settings (variable, value, source):", *_columns(rows)]
+
+
+def _as_text(value: object) -> str:
+    """A setting's value as its variable would say it; the empty default as ``''``."""
+    return _as_env(value) or "''"
+
+
+def _store_line(store: dict[str, Any]) -> str:
+    if not store["configured"]:
+        return "store: not configured (BUILDOPS_STORE is unset)"
+    if not store["reachable"]:
+        return f"store: {store['url']}: not reachable: {store['error']}"
+    return f"store: {store['url']}: reachable; {json.dumps(store['stats'], default=str)}"
+
+
+def _problems_lines(problems: list[str]) -> list[str]:
+    if not problems:
+        return ["problems: none"]
+    return [f"problems ({len(problems)}):", *(f"  {problem}" for problem in problems)]
