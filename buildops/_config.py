@@ -20,6 +20,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -207,13 +208,15 @@ class _StoreUrl(Setting[str]):
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its password, if any, shown as ``***``: store URLs appear in logs, errors and reports."""
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.password is None:
-        return url
-    user = f"{parsed.username}:" if parsed.username else ":"
-    host = parsed.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parsed._replace(netloc=f"{user}***@{host}"))
+    """``url`` with its password, in the user part (``redis://:PW@host``, ``redis://user:PW@host``) or a
+    ``password=`` query parameter, replaced by ``***``."""
+    scheme, separator, rest = url.partition("://")
+    if separator and "@" in rest:
+        # The last "@" ends the user part, as URL parsers read it; a password may hold "#", "/" or "?" unescaped.
+        user_part, _, host_part = rest.rpartition("@")
+        if ":" in user_part:
+            rest = f"{user_part.partition(':')[0]}:***@{host_part}"
+    return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", f"{scheme}{separator}{rest}")
 
 
 def cpu_share() -> int:

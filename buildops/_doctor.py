@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._config import ConfigError, _declared, origin, settings
+from ._config import ConfigError, _declared, origin, redact_url, settings
 from ._runtime.node import lock_directory
 
 __all__ = ["STORE_VARIABLE", "diagnose", "redact_url"]
@@ -216,23 +216,16 @@ def _store_status() -> dict[str, Any]:
         return {"configured": False}
     status: dict[str, Any] = {"configured": True, "url": redact_url(url)}
     try:
-        store = importlib.import_module("buildops.store")  # imported by name: optional, and only when configured
-        stats = store.open_store(url).stats()
+        from .store import open_store
+
+        store = open_store(settings.store, settings.store_timeout)
+        try:
+            stats = store.stats()
+        finally:
+            store.close()
     except Exception as error:  # noqa: BLE001 - a store that fails in any way is reported, not raised
         return {**status, "reachable": False, "error": _hide_passwords(one_line(error), url)}
     return {**status, "reachable": True, "stats": stats}
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password, in the user part (``redis://:PW@host``, ``redis://user:PW@host``) or a
-    ``password=`` query parameter, replaced by ``***``."""
-    scheme, separator, rest = url.partition("://")
-    if separator and "@" in rest:
-        # The last "@" ends the user part, as URL parsers read it; a password may hold "#", "/" or "?" unescaped.
-        user_part, _, host_part = rest.rpartition("@")
-        if ":" in user_part:
-            rest = f"{user_part.partition(':')[0]}:***@{host_part}"
-    return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", f"{scheme}{separator}{rest}")
 
 
 def _hide_passwords(text: str, url: str) -> str:

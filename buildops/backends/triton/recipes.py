@@ -43,7 +43,8 @@ def _decode(text: str) -> Any:
 def _versions() -> dict[str, str]:
     import triton
 
-    return {"triton": triton.__version__, "python": "{}.{}".format(*sys.version_info[:2]), "machine": platform.machine()}
+    python = "{}.{}".format(*sys.version_info[:2])
+    return {"triton": triton.__version__, "python": python, "machine": platform.machine()}
 
 
 def entry(build: Build) -> dict[str, Any] | str:
