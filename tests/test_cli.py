@@ -13,8 +13,7 @@ import torch
 
 import buildops
 from buildops import Build, BuildConfig, DynamicSpec, LateCompile, build_pass, lists_kernels, report, settings
-from buildops._config import _declared
-from buildops._config import redact_url
+from buildops._config import _declared, redact_url
 from buildops.cli import main
 from buildops.reporting import ListedNothing, OpReport, Report, load_report
 
