@@ -1,3 +1,5 @@
+import os
+import shutil
 import threading
 import time
 
@@ -78,3 +80,39 @@ class Runs:
 @pytest.fixture
 def runs():
     return Runs()
+
+
+def _needs_redis_server():
+    reason = "needs redis-server on PATH: the Debian package redis-server (scripts/env installs it)"
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI"):  # CI installs it: a skip there would hide a broken install step
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One redis-server for the whole run; tests that kill or reconfigure a server take ``fresh_redis_server``."""
+    _needs_redis_server()
+    from redis_server import RedisServer  # imported here: a venv without the store extra still runs the other tests
+
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    """The shared server's URL, its data flushed before the test."""
+    with redis_server.client() as client:
+        client.flushall()
+    yield redis_server.url
+
+
+@pytest.fixture
+def fresh_redis_server(tmp_path):
+    """A redis-server of the test's own, stopped after it."""
+    _needs_redis_server()
+    from redis_server import RedisServer
+
+    with RedisServer(tmp_path / "redis") as server:
+        yield server
