@@ -167,14 +167,14 @@ class StoreSharing:
             self._release(lease)
 
     def close(self) -> None:
-        """Release every claim held (the builder shuts down) and let the store go."""
+        """Release every claim held (the builder shuts down). The store stays open: a worker still inside a build
+        may yet use it."""
         with self._lock:
             leases = list(self._held.values())
             self._held.clear()
             self._renewing.notify_all()
         for lease in leases:
             self._release(lease)
-        self.store.close()
 
     def _put(self, identity: str, artifact: Any) -> None:
         files = artifact.collect()

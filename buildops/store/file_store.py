@@ -2,7 +2,8 @@
 
 ``DIR/artifacts/<key>`` holds a packed artifact, written to a temporary name and renamed into place (a reader sees
 all of it or none). ``DIR/claims/<key>`` is a claim: made with ``O_EXCL`` holding the claimer's token; its
-modification time, set to the lease's end at each renewal, says when it lapses. A node takes over a lapsed claim by
+modification time, set to the lease's end at each renewal, says when it lapses. A claim is made whole under a
+temporary name and hard-linked into place (the link fails if the claim exists). A node takes over a lapsed claim by
 renaming it aside first, which only one node can do. Lease ends are compared with this node's clock: the nodes'
 clocks must agree to well within a lease (NTP does).
 """
@@ -54,26 +55,38 @@ class FileStore(BuildStore):
 
     def claim(self, key: str, lease: float) -> Lease | None:
         path, token = self._claims / check_key(key), secrets.token_hex(16)
+        made = self._claims / f".{key}.{token}"
         try:
             if _lapsed(path):
-                aside = path.with_name(f".{key}.{token}")
-                try:
-                    os.rename(path, aside)  # only one node renames it: the others find it gone
-                    aside.unlink()
-                except FileNotFoundError:
-                    pass
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return None
+                self._take_lapsed(path, made.with_suffix(".aside"))
+            # Made whole aside (token and lease end), then linked into place: a claim is never seen half made.
+            made.write_text(token)
+            end = time.time() + lease
+            os.utime(made, (end, end))
+            try:
+                os.link(made, path)
+            except FileExistsError:
+                return None
+            finally:
+                made.unlink(missing_ok=True)
         except OSError as error:
             raise self._fail("claim", error) from None
+        return _FileLease(self, path, token, lease)
+
+    @staticmethod
+    def _take_lapsed(path: Path, aside: Path) -> None:
+        """Move a lapsed claim out of the way; only one node's rename succeeds. One renewed meanwhile goes back."""
         try:
-            os.write(fd, token.encode())
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return
+        try:
+            if not _lapsed(aside):
+                os.link(aside, path)
+        except FileExistsError:
+            pass
         finally:
-            os.close(fd)
-        held = _FileLease(self, path, token, lease)
-        held.renew()
-        return held
+            aside.unlink(missing_ok=True)
 
     def entries(self) -> Iterator[tuple[str, int]]:
         try:
