@@ -15,7 +15,10 @@ buildops' node locks, and reports the node's CPU seconds and the time until both
 it starts (a), (c) and (d) N times, one after another in turn, and judges the goal on each round and on the
 medians: the load's time moves by a second from start to start on a shared host, more than the goal's 10%.
 
-    python3 benchmarks/startup.py [--size base] [--ranks 2] [--variants] [--rounds 5]
+With ``--store`` it also starts (c) with a build store (a directory) that it fills, then (s) a start with an empty
+Triton cache that fetches every kernel from that store: a new replica of a cluster whose store is warm.
+
+    python3 benchmarks/startup.py [--size base] [--ranks 2] [--variants] [--rounds 5] [--store]
 
 Run from the repository root. The checkpoint is made once, before anything is timed.
 """
@@ -122,6 +125,9 @@ def main() -> None:
     parser.add_argument("--variants", action="store_true",
                         help="also (c) on threads only, on processes only, and without the model's GEMM family")
     parser.add_argument("--rounds", type=int, default=1, help="start (a), (c) and (d) this many times each")
+    parser.add_argument("--store", action="store_true",
+                        help="also (c) storing its builds in a build store (a directory), then (s) a start with an "
+                             "empty local cache that fetches them")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     work = Path(tempfile.mkdtemp(prefix="buildops-startup-"))
@@ -141,6 +147,10 @@ def main() -> None:
               ("(c) buildops", "buildops", "c", None, ()), ("(d) buildops, warm", "buildops", "c", None, ()),
               ("serial build", "buildops", "e", {"BUILDOPS_THREADS": "1", "BUILDOPS_EXECUTOR": "threads"}, ())]
     starts.append(("(c) load after rehearsal", "buildops", "i", None, ("--load-after-rehearsal",)))
+    if args.store:  # a fresh node of a cluster whose store another node filled: its local cache is empty
+        store = {"BUILDOPS_STORE": f"file://{work / 'store'}"}
+        starts += [("(c) buildops, storing", "buildops", "s1", store, ()),
+                   ("(s) buildops, warm store", "buildops", "s2", store, ())]
     if args.variants:  # what the default is made of: the executor, the family
         starts += [("(c) threads", "buildops", "f", {"BUILDOPS_EXECUTOR": "threads"}, ()),
                    ("(c) processes", "buildops", "g", {"BUILDOPS_EXECUTOR": "processes"}, ()),
@@ -170,7 +180,7 @@ def main() -> None:
     lazy_model = lazy["imports_s"] + phase(lazy, "create model")
     print(f"{'start':24} {'ready s':>8} {'after create s':>14} {'after lazy create s':>19} {'load s':>6} "
           f"{'first req ms':>12} {'steady ms':>9} {'median':>6} {'compiles serving':>16} {'tunes serving':>13} "
-          f"{'late':>4}")
+          f"{'late':>4} {'fetched':>7}")
     tokens = lazy["tokens"]
     for label, r in results.items():
         if label == "serial build":
@@ -179,7 +189,8 @@ def main() -> None:
               f"{phase(r, 'load'):6.2f} "
               f"{r['first_request_s'] * 1e3:12.1f} {r['steady_request_s'] * 1e3:9.1f} "
               f"{r['steady_request_median_s'] * 1e3:6.1f} "
-              f"{len(r['serving_compiles']):16d} {r['tuned_while_serving']:13d} {r['late_compiles']:4d}")
+              f"{len(r['serving_compiles']):16d} {r['tuned_while_serving']:13d} {r['late_compiles']:4d} "
+              f"{r.get('fetched_from_store', 0):7d}")
         assert r["tokens"] == tokens, f"{label}: other tokens than a lazy start"
     b, c = results["(b) warmup"], results["(c) buildops"]
     c_after_create = after_create(c)

@@ -187,6 +187,7 @@ def main() -> None:
         "build_seconds": sum(build_seconds()),
         "tune_seconds": build_seconds()[1], "tuned_while_serving": tuned_while_serving,
         "tuned": {str(key): str(config) for key, config in K._matmul_kernel.cache.items()},
+        "fetched_from_store": sum(record.origin == "store" for record in buildops.report().builds),
     }
     if args.json:
         Path(args.json).write_text(json.dumps(result))
