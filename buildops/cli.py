@@ -4,7 +4,8 @@ Each subcommand is one function registered with :func:`subcommand`: its name, a 
 (:func:`argument`), and a body that takes the parsed arguments and returns the exit status:
 
 * 0: done;
-* 1: done, and found a problem (``doctor``: a bad setting, a store that does not answer);
+* 1: done, and found a problem (``doctor``: a bad setting, a store that does not answer; ``prebuild``: an entry
+  that failed or was refused; ``store``: a store that fails);
 * 2: bad usage, or an input it cannot read: one line on stderr, ``buildops: error: ...``, no traceback.
 
 Output a machine reads has a ``--json`` flag (:data:`JSON`). This module prints; the library code it calls logs.
@@ -13,15 +14,21 @@ Output a machine reads has a ``--json`` flag (:data:`JSON`). This module prints;
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
-from ._config import _as_env
-from .reporting import format_report, load_report
+from ._config import ConfigError, _as_env, settings
+from .reporting import describe_store, format_report, load_report
+
+if TYPE_CHECKING:
+    from .manifests import PrebuildOutcome
+    from .store import BuildStore
 
 __all__ = ["JSON", "UsageError", "argument", "main", "subcommand"]
 
@@ -206,3 +213,119 @@ def _problems_lines(problems: list[str]) -> list[str]:
     if not problems:
         return ["problems: none"]
     return [f"problems ({len(problems)}):", *(f"  {problem}" for problem in problems)]
+
+
+# -- prebuild -------------------------------------------------------------------------------------------------------
+
+@subcommand("prebuild", "build every entry of a manifest saved by save_manifest into the local caches and, with "
+            "BUILDOPS_STORE set, the build store",
+            argument("manifest", metavar="MANIFEST.json", help="the saved manifest"), JSON)
+def _prebuild(args: argparse.Namespace) -> int:
+    import buildops
+
+    from ._core.default import default_builder
+    from .manifests import prebuild
+
+    try:
+        outcome = prebuild(args.manifest)
+    except ValueError as error:  # load_manifest's message names the file
+        raise UsageError(str(error)) from None
+    counts = default_builder().store_counts()
+    buildops.shutdown()
+    store = None if counts is None else dataclasses.asdict(counts)
+    if args.json:
+        _print_json({**outcome.as_dict(), "store": store})
+    else:
+        print("\n".join(_prebuild_lines(args.manifest, outcome, store)))
+    return 1 if outcome.failed or outcome.refused else 0
+
+
+def _prebuild_lines(manifest: str, outcome: PrebuildOutcome, store: dict[str, Any] | None) -> list[str]:
+    """What prebuild did: the counts on one line, then each entry not built with why, then the store's line."""
+    lines = [f"{manifest}: {outcome.compiled} compiled, {outcome.cached} cached, {outcome.fetched} fetched from the "
+             f"store, {len(outcome.failed)} failed, {len(outcome.refused)} refused, {len(outcome.not_prebuilt)} not "
+             "prebuilt"]
+    for what, entries in (("failed", outcome.failed), ("refused", outcome.refused),
+                          ("not prebuilt", outcome.not_prebuilt)):
+        lines += [f"{what}: {label}: {why}" for label, why in entries]
+    if store is not None:
+        lines.append(describe_store(store))
+    return lines
+
+
+# -- store ----------------------------------------------------------------------------------------------------------
+
+@subcommand("store", "look into the build store BUILDOPS_STORE names: stats (counts), ls (each artifact), clear "
+            "(remove every artifact and claim of buildops; needs --yes)",
+            argument("action", choices=("stats", "ls", "clear"), help="what to do"),
+            argument("--yes", action="store_true", help="clear: yes, remove everything buildops keeps there"), JSON)
+def _store(args: argparse.Namespace) -> int:
+    from .store import StoreError
+
+    if args.action == "clear" and not args.yes:
+        raise UsageError("store clear removes every artifact and claim of buildops from the store, for every node: "
+                         "add --yes to do it")
+    try:
+        with _opened_store() as store:
+            _STORE_ACTIONS[args.action](store, args.json)
+    except StoreError as error:
+        print(f"buildops: {_scrubbed(error)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+@contextlib.contextmanager
+def _opened_store() -> Iterator[BuildStore]:
+    """The store the settings name, closed after; :class:`UsageError` where none is named or the URL is bad."""
+    from .store import open_store
+
+    try:
+        url = settings.store
+    except ConfigError as error:  # its text shows the URL with its password hidden
+        raise UsageError(str(error)) from None
+    if not url:
+        raise UsageError("no build store configured: set BUILDOPS_STORE to redis://[:PASSWORD@]HOST:PORT/DB, "
+                         "rediss://... (TLS) or file:///ABSOLUTE/DIR")
+    try:
+        store = open_store(url, settings.store_timeout)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _scrubbed(error: BaseException) -> str:
+    """The first line of a store's error, any password of BUILDOPS_STORE hidden (its errors should hold none)."""
+    from ._doctor import _hide_passwords
+
+    return _hide_passwords(str(error).strip().partition("\n")[0], settings.store)
+
+
+def _store_stats(store: BuildStore, as_json: bool) -> None:
+    stats = store.stats()
+    if as_json:
+        _print_json(stats)
+    else:
+        print("\n".join(_columns([(name, str(value)) for name, value in stats.items()], indent="")))
+
+
+def _store_ls(store: BuildStore, as_json: bool) -> None:
+    entries = sorted(store.entries())
+    if as_json:
+        _print_json([{"key": key, "bytes": size} for key, size in entries])
+    elif entries:
+        print("\n".join(_columns([(key, str(size)) for key, size in entries], indent="")))
+
+
+def _store_clear(store: BuildStore, as_json: bool) -> None:
+    removed = store.clear()
+    if as_json:
+        _print_json({"store": store.where, "removed": removed})
+    else:
+        print(f"store {store.where}: removed {removed} artifact(s) and claim(s)")
+
+
+_STORE_ACTIONS: dict[str, Callable[[BuildStore, bool], None]] = {
+    "stats": _store_stats, "ls": _store_ls, "clear": _store_clear}

@@ -22,6 +22,8 @@ from ._core.build import BuildRecord, BuildState
 from ._core.default import current_builder
 from ._core.late import LateCompile, late_compiles
 from ._core.passes import ListedNothing, listed_nothing
+from ._core.sharing import StoreCounts
+from .manifests import manifest_entries
 
 __all__ = ["Coverage", "ListedNothing", "OpReport", "Report", "format_report", "load_report", "report"]
 
@@ -115,7 +117,8 @@ class Coverage(tuple[int, int]):
 @dataclass(frozen=True)
 class Report:
     """What :func:`report` returns: one :class:`OpReport` per op, each failure, the kernels built ahead and
-    compiled late per library, and the ops that listed nothing in a pass."""
+    compiled late per library, the ops that listed nothing in a pass, and what the builds took from and gave to
+    the build store (None without ``BUILDOPS_STORE``)."""
 
     ops: tuple[OpReport, ...]
     failures: tuple[tuple[str, str, str], ...]  # (op, build, error)
@@ -123,6 +126,7 @@ class Report:
     late: tuple[LateCompile, ...] = ()
     builds: tuple[BuildRecord, ...] = ()  # every build submitted, in order
     listed_nothing: tuple[ListedNothing, ...] = ()  # ops whose first calls in a pass listed no build
+    store: StoreCounts | None = None
 
     def coverage(self) -> dict[str, Coverage]:
         """Per library: a :class:`Coverage`, which compares as ``(kernels prebuilt, kernels compiled late)`` and
@@ -159,7 +163,7 @@ class Report:
         """
         return sum(getattr(op, field) for op in self.ops)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, manifest: bool = False) -> dict[str, Any]:
         """The report as JSON-able data, the same that :meth:`save` writes and :func:`load_report` reads back.
 
         Its keys (version 1; a reader refuses any other ``format`` or ``version``):
@@ -173,10 +177,18 @@ class Report:
         * ``coverage``: per library, ``{"prebuilt", "late", "compiled", "cached", "unknown", "skipped",
           "elsewhere"}``, ``skipped`` and ``elsewhere`` mapping a reason or place to a count (:class:`Coverage`);
         * ``late``: ``{"library", "kernel", "variant", "ops", "where"}`` each (:class:`LateCompile`);
-        * ``listed_nothing``: ``{"op", "pass_name", "signatures"}`` each (:class:`ListedNothing`).
+        * ``listed_nothing``: ``{"op", "pass_name", "signatures"}`` each (:class:`ListedNothing`);
+        * ``store``: the :class:`~buildops._core.sharing.StoreCounts` fields (``store``, ``fetched``,
+          ``fetched_bytes``, ``fetch_seconds``, ``stored``, ``stored_bytes``, ``known_locally``,
+          ``waited_for_others``, ``built_after_others``, ``bad``, ``failed``), or null without a build store;
+        * ``manifest``: only with ``manifest=True``, the entries :func:`buildops.manifests.save_manifest` would
+          write for this process's builds (they hold kernels' source and pickled launches: they can be large).
 
         Counts are integers and seconds floats. The per-build history (:attr:`builds`) is not in it: its builds
         hold callables, and the counts above are what it sums to.
+
+        Args:
+            manifest: add the ``manifest`` key.
         """
         return {
             "format": FORMAT,
@@ -188,22 +200,30 @@ class Report:
             "coverage": {library: coverage.to_dict() for library, coverage in self.coverage().items()},
             "late": [{**asdict(late), "ops": list(late.ops)} for late in self.late],
             "listed_nothing": [asdict(entry) for entry in self.listed_nothing],
+            "store": None if self.store is None else asdict(self.store),
+            **({"manifest": manifest_entries()} if manifest else {}),
         }
 
     def _total_as_saved(self, name: str) -> float:
         total = self.total(name)
         return float(total) if name.endswith("_seconds") else int(total)
 
-    def save(self, path: str | os.PathLike[str]) -> None:
+    def save(self, path: str | os.PathLike[str], *, manifest: bool = False) -> None:
         """Write :meth:`to_dict` as JSON to ``path``, atomically: a reader sees the old file or the whole new one,
-        never part of one. The file is written beside ``path``, then renamed over it."""
-        _write_atomically(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
+        never part of one. The file is written beside ``path``, then renamed over it.
+
+        Args:
+            path: where to write it.
+            manifest: add the pass's manifest entries (:meth:`to_dict`'s ``manifest`` key).
+        """
+        _write_atomically(Path(path), json.dumps(self.to_dict(manifest=manifest), indent=2) + "\n")
 
     def format(self) -> str:
         """A plain-text table, one row per op, a total row, then each failure on a line, each library's coverage
         (prebuilt: compiled or found cached; skipped; compiled late), each late compile, and each op that listed
         nothing. The same text as :func:`format_report` of :meth:`to_dict`."""
         return format_report(self.to_dict())
+
 
 def report() -> Report:
     """A snapshot of the process's builder (empty if no build was ever submitted), the late compiles and the ops
@@ -227,7 +247,7 @@ def report() -> Report:
             prebuilt[build.library] = prebuilt.get(build.library, 0) + 1
     ops = tuple(OpReport(op, s.listed, s.shared, s.built, s.failed, s.cancelled, pending.get(op, 0),
                          s.build_seconds, s.wait_seconds) for op, s in sorted(stats.items()))
-    return Report(ops, tuple(failures), prebuilt, late, tuple(history), nothing)
+    return Report(ops, tuple(failures), prebuilt, late, tuple(history), nothing, builder.store_counts())
 
 
 def format_report(data: Mapping[str, Any]) -> str:
@@ -240,7 +260,27 @@ def format_report(data: Mapping[str, Any]) -> str:
     out += [text for library, counts in data["coverage"].items() for text in _coverage(counts).describe(library)]
     out += [LateCompile(**{**late, "ops": tuple(late["ops"])}).describe() for late in data["late"]]
     out += [ListedNothing(**entry).describe() for entry in data["listed_nothing"]]
+    if data.get("store") is not None:
+        out.append(describe_store(data["store"]))
     return "\n".join(out)
+
+
+def describe_store(counts: Mapping[str, Any]) -> str:
+    """One line of what builds took from and gave to the build store, from :class:`StoreCounts` as a dict."""
+    line = (f"store {counts['store']}: {counts['fetched']} fetched ({_megabytes(counts['fetched_bytes'])}, "
+            f"{counts['fetch_seconds']:.2f} s), {counts['stored']} stored ({_megabytes(counts['stored_bytes'])}), "
+            f"{counts['known_locally']} known locally, {counts['waited_for_others']} waited for another node")
+    if counts["built_after_others"]:
+        line += f", {counts['built_after_others']} built here after another node held them too long"
+    if counts["bad"]:
+        line += f", {counts['bad']} bad in the store (built here)"
+    if counts["failed"] is not None:
+        line += f"; turned off: {counts['failed']}"
+    return line
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
 
 
 def _figures(name: str, row: Mapping[str, Any]) -> tuple[object, ...]:
@@ -276,11 +316,15 @@ _ENTRIES: dict[str, dict[str, type]] = {
 }
 _COVERAGE = {"prebuilt": int, "late": int, "compiled": int, "cached": int, "unknown": int, "skipped": dict,
              "elsewhere": dict}
+# The StoreCounts fields but ``failed`` (a string or null, checked on its own).
+_STORE = {"store": str, "fetched": int, "fetched_bytes": int, "fetch_seconds": float, "stored": int,
+          "stored_bytes": int, "known_locally": int, "waited_for_others": int, "built_after_others": int, "bad": int}
 
 
 def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A report saved by :meth:`Report.save`, as the dict :meth:`Report.to_dict` made, with exactly the keys it
-    documents (others are dropped) and float fields as floats.
+    documents (others are dropped) and float fields as floats. ``store`` is optional (null where absent) and
+    ``manifest`` is kept where present.
 
     Raises:
         OSError: the file cannot be read.
@@ -312,10 +356,32 @@ def _checked(data: object) -> dict[str, Any]:
             raise ValueError(f"late[{i}]: 'ops' is {late['ops']!r}, not a list of op names")
     coverage = {library: _entry(counts, _COVERAGE, f"coverage[{library!r}]")
                 for library, counts in _field(data, "coverage", dict).items()}
-    return {"format": FORMAT, "version": VERSION, "buildops": _field(data, "buildops", str),
-            "ops": entries["ops"], "totals": _entry(_field(data, "totals", dict), _COUNTS, "totals"),
-            "failures": entries["failures"], "coverage": coverage, "late": entries["late"],
-            "listed_nothing": entries["listed_nothing"]}
+    checked = {"format": FORMAT, "version": VERSION, "buildops": _field(data, "buildops", str),
+               "ops": entries["ops"], "totals": _entry(_field(data, "totals", dict), _COUNTS, "totals"),
+               "failures": entries["failures"], "coverage": coverage, "late": entries["late"],
+               "listed_nothing": entries["listed_nothing"], "store": _checked_store(data.get("store"))}
+    if "manifest" in data:
+        checked["manifest"] = _checked_manifest(_field(data, "manifest", list))
+    return checked
+
+
+def _checked_manifest(entries: list[Any]) -> list[dict[str, Any]]:
+    """A report's manifest entries, each an object (what one holds is :mod:`buildops.manifests`' to check)."""
+    for i, item in enumerate(entries):
+        if not isinstance(item, dict):
+            raise ValueError(f"manifest[{i}] is {item!r}, not an object")
+    return entries
+
+
+def _checked_store(store: object) -> dict[str, Any] | None:
+    """A report's ``store`` counts, checked; None where the report has none (one saved before it had them)."""
+    if store is None:
+        return None
+    counts = _entry(store, _STORE, "store")
+    failed = store.get("failed") if isinstance(store, dict) else None
+    if failed is not None and not isinstance(failed, str):
+        raise ValueError(f"store: 'failed' is {failed!r}, not a str or null")
+    return {**counts, "failed": failed}
 
 
 def _field(data: Mapping[str, Any], key: str, kind: type, where: str = "the report") -> Any:

@@ -1,11 +1,11 @@
 """The command line: `buildops report` of a saved report, `buildops doctor`, usage errors; and saved reports."""
 
+import hashlib
 import json
 import os
 import platform
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -16,10 +16,13 @@ from buildops import Build, BuildConfig, DynamicSpec, LateCompile, build_pass, l
 from buildops._config import _declared, redact_url
 from buildops.cli import main
 from buildops.reporting import ListedNothing, OpReport, Report, load_report
+from buildops.store import open_store
+from buildops.store.packing import pack
 
 from conftest import WAIT
 
 ROOT = Path(__file__).resolve().parents[1]
+KEY = hashlib.sha256(b"x").hexdigest()
 
 
 def run(capsys, *argv):
@@ -263,47 +266,57 @@ def test_store_urls_never_show_a_password(url, shown):
     assert redact_url(url) == shown
 
 
-def fake_store(monkeypatch, open_store):
-    module = types.ModuleType("buildops.store")
-    module.open_store = open_store  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "buildops.store", module)
+def doctor_store(capsys):
+    """``buildops doctor`` and ``doctor --json``: (exit status, text, the JSON's store part and problems)."""
+    status, text, _ = run(capsys, "doctor")
+    json_status, out, _ = run(capsys, "doctor", "--json")
+    found = json.loads(out)
+    assert json_status == status
+    return status, text + out, found["store"], found["problems"]
 
 
-def test_doctor_reports_a_store_that_answers(monkeypatch, capsys):
-    url = "redis://admin:hunter22@cache.internal:6379/0"
-    opened = []
+def test_doctor_reports_a_file_store_that_answers(monkeypatch, capsys, tmp_path):
+    store = open_store(f"file://{tmp_path / 'store'}")
+    store.put(KEY, pack(KEY, {"kernel.cubin": b"x" * 100}))
+    monkeypatch.setenv("BUILDOPS_STORE", store.url)
+    status, text, found, problems = doctor_store(capsys)
+    size = len(pack(KEY, {"kernel.cubin": b"x" * 100}))
+    assert (status, problems) == (0, [])
+    assert found == {"configured": True, "url": store.url, "reachable": True,
+                     "stats": {"store": store.url, "artifacts": 1, "bytes": size, "claims": 0}}
+    assert f"store: {store.url}: reachable; " in text
 
-    class Store:
-        def stats(self):
-            return {"artifacts": 12, "bytes": 3400}
 
-    fake_store(monkeypatch, lambda u: opened.append(u) or Store())
+def test_doctor_reports_a_redis_store_that_answers_without_its_password(monkeypatch, capsys, redis_url,
+                                                                        redis_server):
+    monkeypatch.setenv("BUILDOPS_STORE", redis_url)
+    status, text, found, problems = doctor_store(capsys)
+    shown = redact_url(redis_url)
+    assert (status, problems) == (0, [])
+    assert found == {"configured": True, "url": shown, "reachable": True,
+                     "stats": {"store": shown, "artifacts": 0, "bytes": 0, "claims": 0}}
+    assert f"store: {shown}: reachable; " in text and redis_server.password not in text
+
+
+def test_doctor_reports_a_redis_store_that_is_down_without_its_password(monkeypatch, capsys, fresh_redis_server):
+    url = fresh_redis_server.url
+    fresh_redis_server.kill()
     monkeypatch.setenv("BUILDOPS_STORE", url)
-    status, out, _ = run(capsys, "doctor", "--json")
-    assert status == 0 and opened == [url]
-    assert json.loads(out)["store"] == {"configured": True, "url": "redis://admin:***@cache.internal:6379/0",
-                                        "reachable": True, "stats": {"artifacts": 12, "bytes": 3400}}
-    status, out, _ = run(capsys, "doctor")
-    assert 'store: redis://admin:***@cache.internal:6379/0: reachable; {"artifacts": 12, "bytes": 3400}' in out
-    assert "hunter22" not in out
+    status, text, found, problems = doctor_store(capsys)
+    assert status == 1 and fresh_redis_server.password not in text
+    assert (found["url"], found["reachable"]) == (redact_url(url), False)
+    assert "ConnectionError" in found["error"], found["error"]
+    assert problems == [f"store {redact_url(url)}: {found['error']}"]
+    assert f"store: {redact_url(url)}: not reachable: " in text
 
 
-def test_doctor_reports_a_store_that_fails_without_its_password(monkeypatch, capsys):
-    url = "redis://:hunter22@cache.internal:6379/0"
-
-    def refuses(u):
-        raise ConnectionError(f"cannot reach {u}: password hunter22 refused\nmore detail")
-
-    fake_store(monkeypatch, refuses)
+def test_doctor_reports_a_wrong_redis_password_without_it(monkeypatch, capsys, redis_server):
+    url = f"redis://:not-the-password-77@{redis_server.host}:{redis_server.port}/0"
     monkeypatch.setenv("BUILDOPS_STORE", url)
-    for argv in (("doctor",), ("doctor", "--json")):
-        status, out, _ = run(capsys, *argv)
-        assert status == 1 and "hunter22" not in out
-    store = json.loads(out)["store"]
-    assert store == {"configured": True, "url": "redis://:***@cache.internal:6379/0", "reachable": False,
-                     "error": "ConnectionError: cannot reach redis://:***@cache.internal:6379/0: password *** "
-                              "refused"}
-    assert json.loads(out)["problems"] == [f"store redis://:***@cache.internal:6379/0: {store['error']}"]
+    status, text, found, _ = doctor_store(capsys)
+    assert status == 1 and "not-the-password-77" not in text and redis_server.password not in text
+    assert (found["url"], found["reachable"]) == (redact_url(url), False)
+    assert "AuthenticationError" in found["error"] or "WRONGPASS" in found["error"], found["error"]
 
 
 def test_doctor_reports_a_store_module_that_cannot_be_imported(monkeypatch, capsys):
