@@ -19,8 +19,10 @@ goals: wave 1 compiles each kernel once across the cluster, each wave-1 node spe
 build CPU, wave 2 compiles nothing and its pass takes at most 1.2x the warm node's.
 
     python benchmarks/cluster.py [--nodes 4] [--workload fla_lm|tiny_llm] [--rounds 1] [--json out.json]
+                                 [--store redis|directory]
 
-Run from the repository root; ``redis-server`` and the ``redis`` client must be installed. With ``--rounds R`` the
+Run from the repository root; with the default store, ``redis-server`` and the ``redis`` client must be
+installed. The nodes see no GPU (``CUDA_VISIBLE_DEVICES=""``). With ``--rounds R`` the
 whole sequence runs R times and the table shows medians.
 """
 
@@ -90,7 +92,10 @@ def run_nodes(count: int, workload: str, work: Path, env: dict, caches: list[Pat
     for index in range(count):
         name = f"{time.monotonic_ns()}-{index}"
         cache = caches[index] if caches else work / f"cache-{name}"
-        environ = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONPYCACHEPREFIX=str(PYCACHE),
+        path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+        # No GPU for the nodes: what they share is compile work, which compiles for sm_90 without one; on a GPU
+        # host, N nodes on one GPU would also contend for it.
+        environ = dict(os.environ, PYTHONPATH=path, PYTHONPYCACHEPREFIX=str(PYCACHE), CUDA_VISIBLE_DEVICES="",
                        TRITON_CACHE_DIR=str(cache), BUILDOPS_NODE_LOCKS=str(work / f"locks-{name}"), **env)
         if "BUILDOPS_STORE" not in env:
             environ.pop("BUILDOPS_STORE", None)
@@ -143,19 +148,36 @@ class Redis:
                 time.sleep(0.05)
         raise SystemExit("redis-server did not answer within 5 s")
 
+    def clear(self) -> None:
+        self.client.flushdb()
+
     def stop(self) -> None:
         self.client.close()
         self.process.terminate()
         self.process.wait(timeout=10)
 
 
-def one_round(nodes: int, workload: str, work: Path, redis: Redis, threads: int) -> dict:
+class DirectoryStore:
+    """A build store in a directory (``file://``): for hosts without redis-server."""
+
+    def __init__(self, work: Path) -> None:
+        self.root = work / "store"
+        self.url = f"file://{self.root}"
+
+    def clear(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def stop(self) -> None:
+        self.clear()
+
+
+def one_round(nodes: int, workload: str, work: Path, redis: Redis | DirectoryStore, threads: int) -> dict:
     base = {"BUILDOPS_THREADS": str(threads)}
     lone = run_nodes(1, workload, work, base)[0]
     warm = run_nodes(1, workload, work, base, caches=[Path(lone["cache"])])[0]
     copies = [shutil.copytree(lone["cache"], work / f"warm-{time.monotonic_ns()}-{i}") for i in range(nodes)]
     warm_n = run_nodes(nodes, workload, work, base, caches=copies)
-    redis.client.flushdb()  # a cold store
+    redis.clear()  # a cold store
     store = dict(base, BUILDOPS_STORE=redis.url)
     wave1 = run_nodes(nodes, workload, work, store)
     wave2 = run_nodes(nodes, workload, work, store)
@@ -202,15 +224,17 @@ def main() -> None:
     parser.add_argument("--workload", choices=("fla_lm", "tiny_llm"), default="fla_lm")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", help="write the raw figures here")
+    parser.add_argument("--store", choices=("redis", "directory"), default="redis",
+                        help="the store the nodes share: a redis-server on loopback, or a directory")
     args = parser.parse_args()
     if args.node:
         return node(args.node)
     cores = os.cpu_count() or 1
     threads = max(1, cores // args.nodes)
     print(f"{args.nodes} nodes of {args.workload} on {cores} cores: BUILDOPS_THREADS={threads} per node "
-          f"(max(1, cores // nodes)), executor buildops' default", flush=True)
+          f"(max(1, cores // nodes)), executor buildops' default, store: {args.store}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="buildops-cluster-"))
-    redis = Redis(work)
+    redis = Redis(work) if args.store == "redis" else DirectoryStore(work)
     try:
         run_nodes(1, args.workload, work, {"BUILDOPS_THREADS": str(threads)})  # primes bytecode; not counted
         results, rounds = [], []

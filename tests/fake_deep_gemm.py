@@ -1,21 +1,49 @@
 """A stand-in for ``deep_gemm`` with its public signatures: it checks operand shapes and dtypes as DeepGEMM
 would need them and appends one line per call to the file named by ``FAKE_DEEP_GEMM_LOG`` (so that calls made in
 worker processes are seen), optionally holding the GIL for ``FAKE_DEEP_GEMM_GIL_SECONDS`` like DeepGEMM's
-binding does while it compiles."""
+binding does while it compiles. With ``DG_JIT_CACHE_DIR`` set, it keeps a cache laid out as DeepGEMM's is: a call
+whose kernel has no ``cache/kernel.<name>.<hash>/`` entry "compiles" one (made in ``tmp/`` and renamed into
+place, with ``kernel.cu`` and ``kernel.cubin``); its log line says whether it compiled."""
 
 import ctypes
+import hashlib
 import json
 import os
+import shutil
+import uuid
+from pathlib import Path
 
 import torch
 
 _libc = ctypes.PyDLL(None)  # PyDLL: calls keep the GIL, like a C++ binding that never releases it
 
 
+def _compile(name, fields):
+    """True if the kernel of this call compiled into DeepGEMM's cache, False if it was there, None without one."""
+    root = os.environ.get("DG_JIT_CACHE_DIR")
+    if not root:
+        return None
+    digest = hashlib.sha256(json.dumps([name, sorted(fields.items())]).encode()).hexdigest()[:32]
+    final = Path(root) / "cache" / f"kernel.{name}.{digest}"
+    if (final / "kernel.cubin").exists():
+        return False
+    staging = Path(root) / "tmp" / uuid.uuid4().hex
+    staging.mkdir(parents=True)
+    (staging / "kernel.cu").write_text(f"// {name} {fields}\n")
+    (staging / "kernel.cubin").write_bytes(b"\x7fELF" + digest.encode())
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(staging, final)
+    except OSError:  # another process made it meanwhile
+        shutil.rmtree(staging)
+    return True
+
+
 def _record(name, **fields):
     seconds = float(os.environ.get("FAKE_DEEP_GEMM_GIL_SECONDS", "0"))
     if seconds:
         _libc.usleep(int(seconds * 1e6))
+    fields["compiled"] = _compile(name, fields)
     with open(os.environ["FAKE_DEEP_GEMM_LOG"], "a") as log:
         log.write(json.dumps({"fn": name, "pid": os.getpid(), **fields}) + "\n")
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .._config import read_or_default, settings
+from .._config import read_or_default, redact_url, settings
 from ..store import BuildStore, StoreError, open_store
 from ..store.packing import BadArtifact, pack, unpack
 from .build import Build
@@ -64,15 +64,29 @@ class _Shared(Protocol):
 class StoreSharing:
     """The build store as one builder uses it; thread-safe. See the module docstring."""
 
-    def __init__(self, store: BuildStore, lease: float) -> None:
-        self.store = store
-        self.lease = lease
+    def __init__(self, url: str, timeout: float, lease: float) -> None:
+        self.url, self.timeout, self.lease = url, timeout, lease
+        self._store: BuildStore | None = None
+        self._opening = threading.Lock()
         self._lock = threading.Lock()
-        self._counts = StoreCounts(store=store.where)
+        self._counts = StoreCounts(store=redact_url(url))
         self._held: dict[int, Any] = {}  # leases held now, by id(record)
         self._renewing = threading.Condition(self._lock)
         self._renewer: threading.Thread | None = None
         self._identities: dict[int, str] = {}  # identity of each record asked for, by id(record)
+
+    @property
+    def store(self) -> BuildStore:
+        """The store, opened at its first use, on a builder's thread: opening may import a client library
+        (``redis`` takes a second), which a pass's own thread should not wait for. Raises :class:`StoreError`."""
+        if self._store is None:
+            with self._opening:
+                if self._store is None:
+                    try:
+                        self._store = open_store(self.url, self.timeout)
+                    except ValueError as error:
+                        raise StoreError(str(error)) from None
+        return self._store
 
     @property
     def off(self) -> bool:
@@ -234,13 +248,9 @@ class StoreSharing:
 
 
 def store_sharing() -> StoreSharing | None:
-    """The store ``BUILDOPS_STORE`` names, for a new builder; None when unset or unusable (logged)."""
+    """The store ``BUILDOPS_STORE`` names, for a new builder (opened at its first use); None when unset."""
     url = read_or_default(type(settings).store)
     if not url:
         return None
-    try:
-        store = open_store(url, read_or_default(type(settings).store_timeout))
-    except (StoreError, ValueError) as error:
-        logger.warning("buildops: %s; builds are shared by this node's processes only", error)
-        return None
-    return StoreSharing(store, read_or_default(type(settings).store_lease))
+    return StoreSharing(url, read_or_default(type(settings).store_timeout),
+                        read_or_default(type(settings).store_lease))

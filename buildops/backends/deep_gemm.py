@@ -31,6 +31,7 @@ from .._config import settings
 from .._core.build import Build
 from .._runtime.gpu import run_admitted
 from .._runtime.pools import WorkerPool
+from .deep_gemm_entries import DeepGemmEntries, entry_names
 
 __all__ = ["DeepGemmFamily", "GemmShape", "deep_gemm_builds", "find_gemm_shapes", "m_values"]
 
@@ -171,8 +172,10 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
             continue
         key = ("deep_gemm", module, shape, ms, str(device))
         label = f"{KINDS[shape.kind]} E={shape.experts} N={shape.n} K={shape.k} x {len(ms)} M"
-        builds[key] = Build(op, key, _GemmRun(module, shape, ms, str(device)), uses_gpu=device.type == "cuda",
-                            label=label, library="deep_gemm")
+        run = _GemmRun(module, shape, ms, str(device))
+        artifact = DeepGemmEntries(("deep_gemm", module, shape, ms), module, str(device), run)
+        builds[key] = Build(op, key, run, uses_gpu=device.type == "cuda", label=label, library="deep_gemm",
+                            artifact=artifact)
     return list(builds.values())
 
 
@@ -212,6 +215,7 @@ class _GemmRun:
     device: str
     given_up: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
     in_worker: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    entries: set[str] = field(default_factory=set, compare=False, repr=False)  # new in DeepGEMM's cache (store)
 
     def abandon(self) -> None:
         """Given up as timed out (``Build`` contract): stop the workers if the run is stuck in one."""
@@ -220,6 +224,13 @@ class _GemmRun:
             _pool.stop_workers()
 
     def __call__(self) -> None:
+        before = entry_names()
+        try:
+            self._run()
+        finally:
+            self.entries.update(entry_names() - before)
+
+    def _run(self) -> None:
         reserve = settings.gpu_reserve_mb  # read here: a worker process does not see this process's overrides
         if settings.executor == "threads":
             run_shape(self.module, self.shape, self.ms, self.device, reserve)

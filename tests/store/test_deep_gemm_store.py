@@ -1,0 +1,49 @@
+"""DeepGEMM's cache entries shared through a real store, against the fake DeepGEMM (which keeps a cache laid out
+as DeepGEMM's: ``DG_JIT_CACHE_DIR/cache/kernel.<name>.<hash>/``). Two nodes, one after the other, each its own
+DeepGEMM cache; the second compiles nothing."""
+
+import json
+
+import pytest
+
+from buildops import settings
+from buildops._core.builder import Builder
+from buildops.backends.deep_gemm import GemmShape, deep_gemm_builds
+from buildops.testing import reset
+
+from conftest import WAIT
+
+SHAPES = [GemmShape("dense", 256, 128), GemmShape("masked", 128, 256, 2)]
+
+
+@pytest.fixture(params=["redis", "file"])
+def store_url(request, tmp_path):
+    return request.getfixturevalue("redis_url") if request.param == "redis" else f"file://{tmp_path / 'store'}"
+
+
+def node(url, cache, log, monkeypatch, executor):
+    """One node's pass over the shapes; the fake's calls it made, and its builder."""
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(cache))
+    monkeypatch.setenv("FAKE_DEEP_GEMM_LOG", str(log))
+    with settings.scope(store=url, executor=executor):
+        builder = Builder(threads=2)
+        futures = [builder.submit(b) for b in deep_gemm_builds(SHAPES, 8, mode="full", module="fake_deep_gemm",
+                                                                device="cpu")]
+        for future in futures:
+            future.result(timeout=WAIT * 6)
+    builder.shutdown()
+    reset()  # worker processes keep the environment they started with: the next node starts its own
+    return [json.loads(line) for line in log.read_text().splitlines()], builder
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_a_second_node_runs_deep_gemm_without_compiling(store_url, tmp_path, monkeypatch, executor):
+    first, first_builder = node(store_url, tmp_path / "a", tmp_path / "a.jsonl", monkeypatch, executor)
+    assert first and all(call["compiled"] for call in first)
+    assert first_builder.store_counts().stored == 2
+    second, second_builder = node(store_url, tmp_path / "b", tmp_path / "b.jsonl", monkeypatch, executor)
+    assert len(second) == len(first) and not any(call["compiled"] for call in second)  # every kernel was there
+    assert second_builder.store_counts().fetched == 2
+    assert sorted(p.name for p in (tmp_path / "b" / "cache").iterdir()) == \
+        sorted(p.name for p in (tmp_path / "a" / "cache").iterdir())
+    assert not list((tmp_path / "b" / "tmp").glob("buildops-*")), "an install left its staging directory"
