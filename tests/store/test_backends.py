@@ -10,7 +10,7 @@ import pytest
 from buildops.store import StoreError, open_store
 from buildops.store.packing import BadArtifact, pack, unpack
 
-from conftest import WAIT
+from conftest import WAIT, until
 
 
 def key(name):
@@ -157,3 +157,39 @@ def test_a_full_server_refuses_a_put_with_a_store_error(fresh_redis_server):
             stored.append(index)
     assert stored, "the server took no value at all: maxmemory too low for the test"
     assert all(store.get(key(str(index))) == bytes([index]) * (1 << 20) for index in stored)  # still whole
+
+
+def test_a_server_killed_mid_upload_keeps_no_part_of_it(fresh_redis_server):
+    store = open_store(fresh_redis_server.url, timeout=2.0)
+    blob, failed = bytes(256 << 20), []
+
+    def upload():
+        try:
+            store.put(key("big"), blob)
+        except StoreError as error:
+            failed.append(error)
+
+    with fresh_redis_server.client() as watcher:
+        uploading = threading.Thread(target=upload)
+        uploading.start()
+        # mid-upload: the server holds part of the command in a client's query buffer
+        assert until(lambda: any(int(c.get("qbuf", 0)) > 0 for c in watcher.client_list())), "no upload seen"
+        fresh_redis_server.kill()
+    uploading.join(WAIT)
+    fresh_redis_server.restart()
+    assert failed and open_store(fresh_redis_server.url).get(key("big")) is None
+
+
+def test_two_processes_claiming_one_key_get_one_lease(redis_url, tmp_path):
+    import subprocess
+    import sys
+
+    go = tmp_path / "go"
+    claim = (f"import os, sys, time\nfrom buildops.store import open_store\nstore = open_store({redis_url!r})\n"
+             f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+             f"print('won' if store.claim({key('contended')!r}, 30) else 'lost')\n")
+    children = [subprocess.Popen([sys.executable, "-c", claim], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    time.sleep(1.0)  # every child has imported and waits
+    go.touch()
+    outcomes = sorted(child.communicate(timeout=WAIT)[0].strip() for child in children)
+    assert outcomes == ["lost", "lost", "lost", "won"]
