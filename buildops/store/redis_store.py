@@ -31,9 +31,14 @@ class RedisStore(BuildStore):
         except ImportError:
             raise StoreError("BUILDOPS_STORE names a Redis store but the redis client is not installed: "
                              "pip install 'buildops[store]'") from None
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        # No retries: the client's default retries with backoff for seconds, and a store that fails once is left
+        # alone for the process anyway (a start is never slowed past one timeout).
         self._client: Any = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                                 retry_on_timeout=False)
+                                                 retry_on_timeout=False, retry=Retry(NoBackoff(), 0))
         self._renew = self._client.register_script(_RENEW)
         self._release = self._client.register_script(_RELEASE)
 

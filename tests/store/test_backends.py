@@ -174,8 +174,10 @@ def test_an_upload_cut_off_midway_fails_and_leaves_no_part_of_it(fresh_redis_ser
         uploading = threading.Thread(target=upload)
         uploading.start()
 
-        def uploaders():  # mid-upload: the server holds part of the command in a client's query buffer
-            return [c for c in watcher.client_list() if int(c.get("qbuf", 0)) > 0]
+        me = watcher.client_id()
+
+        def uploaders():  # mid-upload: the server holds part of the command in another client's query buffer
+            return [c for c in watcher.client_list() if int(c.get("qbuf", 0)) > 0 and int(c["id"]) != me]
 
         assert until(uploaders), "no upload seen"
         if cut == "server":
