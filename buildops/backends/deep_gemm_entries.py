@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 import platform
 import shutil
@@ -23,10 +22,9 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
+from .cache_entries import CacheEntries
+
 __all__ = ["DeepGemmEntries", "cache_root", "entry_names"]
-
-MARKERS = "buildops-shared"
-
 
 def cache_root() -> Path:
     """DeepGEMM's cache directory, as its compiler picks it."""
@@ -72,7 +70,7 @@ def _device_arch(device: str) -> str:
     return f"sm_{major}{minor}"
 
 
-class DeepGemmEntries:
+class DeepGemmEntries(CacheEntries):
     """The artifact of one DeepGEMM build (the ``Artifact`` contract): ``key`` is the build's key without its device
     index (ranks on other GPUs of one kind share), ``module`` the DeepGEMM module, ``device`` where it runs, ``run``
     the build's run, whose ``entries`` holds the entries that appeared while it ran."""
@@ -90,53 +88,18 @@ class DeepGemmEntries:
             self._identity = hashlib.sha256(described.encode()).hexdigest()
         return self._identity
 
-    def _marker(self) -> Path:
-        return cache_root() / MARKERS / self.identity()
+    def entries_dir(self) -> Path:
+        return cache_root() / "cache"
 
-    def known_locally(self) -> bool:
-        try:
-            names = json.loads(self._marker().read_text())
-        except (OSError, ValueError):
-            return False
-        cache = cache_root() / "cache"
-        return bool(names) and all(isinstance(n, str) and (cache / n / "kernel.cubin").is_file() for n in names)
+    def marker_root(self) -> Path:
+        return cache_root()
 
-    def _remember(self, names: list[str]) -> None:
-        marker = self._marker()
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        temporary = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}")
-        temporary.write_text(json.dumps(sorted(names)))
-        os.replace(temporary, marker)
+    def complete(self, entry: Path) -> bool:
+        return (entry / "kernel.cubin").is_file()  # DeepGEMM refuses an entry without it
 
-    def install(self, files: dict[str, bytes]) -> None:
-        by_entry: dict[str, dict[str, bytes]] = {}
-        for path, data in files.items():
-            entry, _, name = path.partition("/")
-            if entry.startswith("kernel.") and name and "/" not in name:
-                by_entry.setdefault(entry, {})[name] = data
-        root = cache_root()
-        for entry, contents in by_entry.items():
-            _install_entry(root, entry, contents)
-        self._remember(list(by_entry))
-
-    def collect(self) -> dict[str, bytes] | None:
-        cache = cache_root() / "cache"
-        files: dict[str, bytes] = {}
-        kept = []
-        names: list[str] = sorted(getattr(self.run, "entries", None) or [])
-        for entry in names:
-            try:
-                contents = {p.name: p.read_bytes() for p in (cache / entry).iterdir()
-                            if p.is_file() and not p.is_symlink()}
-            except OSError:
-                continue
-            if "kernel.cubin" in contents:
-                kept.append(entry)
-                files.update({f"{entry}/{name}": data for name, data in contents.items()})
-        if not files:
-            return None
-        self._remember(kept)
-        return files
+    def place_entry(self, name: str, contents: dict[str, bytes]) -> None:
+        if name.startswith("kernel.") and "kernel.cubin" in contents:
+            _install_entry(cache_root(), name, contents)
 
 
 def _install_entry(root: Path, entry: str, contents: dict[str, bytes]) -> None:

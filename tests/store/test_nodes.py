@@ -47,6 +47,10 @@ def test_nodes_that_start_together_compile_each_kernel_once(redis_url, tmp_path)
     assert all(r["compiled"] + r["fetched"] == distinct for r in results), results
     second_wave = result(start_node(tmp_path, "late", redis_url))
     assert (second_wave["compiled"], second_wave["fetched"]) == (0, distinct)
+    store = open_store(redis_url)
+    blobs = [store.get(key) for key, _ in store.entries()]
+    assert len(blobs) == distinct and not any(str(tmp_path).encode() in blob for blob in blobs), \
+        "an artifact names a path of the node that stored it"
 
 
 def test_a_node_killed_while_it_holds_a_claim_holds_up_others_one_lease(redis_url, tmp_path):

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from ..._runtime.patching import Patch
+from ..cache_entries import CacheEntries
 
 __all__ = ["TritonEntries", "collecting"]
 
-MARKERS = "buildops-shared"  # a directory of Triton's cache dir: what the store placed or took, by identity
 _GROUP_PREFIX = "__grp__"
 
 _noted = threading.local()  # .entries: the set this thread's block fills, or None outside one
@@ -95,7 +95,7 @@ def _environment() -> str:
     return repr(sorted(get_cache_invalidating_env_vars().items()))
 
 
-class TritonEntries:
+class TritonEntries(CacheEntries):
     """The artifact of one Triton build (the ``Artifact`` contract): ``key`` is the build's key, ``target`` its
     ``(backend, arch, warp_size)``, ``run`` its run, whose ``entries`` holds what its thread opened."""
 
@@ -109,55 +109,14 @@ class TritonEntries:
             self._identity = hashlib.sha256(described.encode()).hexdigest()
         return self._identity
 
-    def _marker(self) -> Path:
-        return _cache_dir() / MARKERS / self.identity()
+    def entries_dir(self) -> Path:
+        return _cache_dir()
 
-    def known_locally(self) -> bool:
-        try:
-            names = json.loads(self._marker().read_text())
-        except (OSError, ValueError):
-            return False
-        root = _cache_dir()
-        return bool(names) and all(isinstance(n, str) and _filled(root / n) for n in names)
+    def read_entry(self, entry: Path) -> dict[str, bytes]:
+        return _read_entry(entry)
 
-    def _remember(self, names: list[str]) -> None:
-        marker = self._marker()
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        temporary = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}")
-        temporary.write_text(json.dumps(sorted(names)))
-        os.replace(temporary, marker)
-
-    def install(self, files: dict[str, bytes]) -> None:
-        root = _cache_dir()
-        by_entry: dict[str, dict[str, bytes]] = {}
-        for path, data in files.items():
-            entry, _, name = path.partition("/")
-            if name and "/" not in name:
-                by_entry.setdefault(entry, {})[name] = data
-        for entry, contents in by_entry.items():
-            _install_entry(root, entry, contents)
-        self._remember(list(by_entry))
-
-    def collect(self) -> dict[str, bytes] | None:
-        root = _cache_dir()
-        files: dict[str, bytes] = {}
-        kept = []
-        for entry in sorted(getattr(self.run, "entries", ()) or ()):
-            contents = _read_entry(root / entry)
-            if contents:
-                kept.append(entry)
-                files.update({f"{entry}/{name}": data for name, data in contents.items()})
-        if not files:
-            return None
-        self._remember(kept)
-        return files
-
-
-def _filled(directory: Path) -> bool:
-    try:
-        return any(True for _ in directory.iterdir())
-    except OSError:
-        return False
+    def place_entry(self, name: str, contents: dict[str, bytes]) -> None:
+        _install_entry(_cache_dir(), name, contents)
 
 
 def _read_entry(directory: Path) -> dict[str, bytes]:

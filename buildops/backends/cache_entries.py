@@ -1,0 +1,102 @@
+"""Artifacts made of entries of a library's cache directory (one directory per compiled kernel), shared through
+the build store: the base of the Triton and DeepGEMM artifacts.
+
+A subclass says where the entries are and how one is read, checked and placed; this class does the rest of the
+``Artifact`` contract. Beside the entries, ``<marker root>/buildops-shared/<identity>`` lists the entries a fetch
+installed or an upload took for that identity, so that a node whose cache holds them does not ask the store again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CacheEntries"]
+
+MARKERS = "buildops-shared"
+
+
+class CacheEntries:
+    """An ``Artifact`` of cache entries. ``run`` is the build's run: its ``entries`` attribute names the entries
+    (directory names) the build made or used, set when it returns. Subclasses define :meth:`identity`,
+    :meth:`entries_dir`, :meth:`marker_root`, and may refine :meth:`complete`, :meth:`read_entry` and
+    :meth:`place_entry`."""
+
+    run: Any
+
+    def identity(self) -> str:
+        raise NotImplementedError
+
+    def entries_dir(self) -> Path:
+        """The directory the library keeps its entries in."""
+        raise NotImplementedError
+
+    def marker_root(self) -> Path:
+        """The directory the markers go under (the library's cache root)."""
+        return self.entries_dir()
+
+    def complete(self, entry: Path) -> bool:
+        """Whether ``entry`` holds what the library needs to find it (default: any file)."""
+        try:
+            return any(True for _ in entry.iterdir())
+        except OSError:
+            return False
+
+    def read_entry(self, entry: Path) -> dict[str, bytes]:
+        """The files to share of one entry, by name; {} where it has none worth sharing."""
+        return {p.name: p.read_bytes() for p in entry.iterdir() if p.is_file() and not p.is_symlink()}
+
+    def place_entry(self, name: str, contents: dict[str, bytes]) -> None:
+        """Put one fetched entry in place, whole or not at all, leaving one already there as it is."""
+        raise NotImplementedError
+
+    # -- the Artifact contract ---------------------------------------------------------------------------------
+
+    def known_locally(self) -> bool:
+        try:
+            names = json.loads(self._marker().read_text())
+        except (OSError, ValueError):
+            return False
+        where = self.entries_dir()
+        return bool(names) and all(isinstance(n, str) and self.complete(where / n) for n in names)
+
+    def install(self, files: dict[str, bytes]) -> None:
+        by_entry: dict[str, dict[str, bytes]] = {}
+        for path, data in files.items():
+            entry, _, name = path.partition("/")
+            if name and "/" not in name:
+                by_entry.setdefault(entry, {})[name] = data
+        for entry, contents in by_entry.items():
+            self.place_entry(entry, contents)
+        self._remember(list(by_entry))
+
+    def collect(self) -> dict[str, bytes] | None:
+        where = self.entries_dir()
+        files: dict[str, bytes] = {}
+        kept = []
+        names: list[str] = sorted(getattr(self.run, "entries", None) or [])
+        for entry in names:
+            try:
+                contents = self.read_entry(where / entry) if self.complete(where / entry) else {}
+            except (OSError, ValueError):
+                continue
+            if contents:
+                kept.append(entry)
+                files.update({f"{entry}/{name}": data for name, data in contents.items()})
+        if not files:
+            return None
+        self._remember(kept)
+        return files
+
+    def _marker(self) -> Path:
+        return self.marker_root() / MARKERS / self.identity()
+
+    def _remember(self, names: list[str]) -> None:
+        marker = self._marker()
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        temporary = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}")
+        temporary.write_text(json.dumps(sorted(names)))
+        os.replace(temporary, marker)
