@@ -12,8 +12,9 @@ for sm_90 through the compile-only driver) or ``tiny_llm`` (examples/tiny_llm's 
     wave 1   N nodes at once, empty caches, an empty store
     wave 2   N fresh nodes at once, empty caches, the store wave 1 left
 
-A node's CPU is its process tree's (``os.wait4``: the node and the worker processes it reaped); its build CPU is
-that less the warm node's. Every node imports first and begins its pass when all of a run's nodes have imported
+A node's CPU is its process tree's: the node, what it reaped (``os.wait4``), and its live descendants at the end of
+its pass (``/proc``: worker processes a forkserver started are not the node's children); its build CPU is that
+less the warm node's. Every node imports first and begins its pass when all of a run's nodes have imported
 (one gate), so the passes overlap. Each node has ``BUILDOPS_THREADS`` = max(1, cores // N) builder threads. The
 goals: wave 1 compiles each kernel once across the cluster, each wave-1 node spends about 1/N of the lone node's
 build CPU, wave 2 compiles nothing and its pass takes at most 1.2x the warm node's.
@@ -32,6 +33,7 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import secrets
 import shutil
 import socket
@@ -79,11 +81,37 @@ def node(workload: str) -> None:
     pass_s = time.perf_counter() - began
     coverage = buildops.report().coverage().values()
     counts = default_builder().store_counts()
-    buildops.shutdown()  # the worker processes end, and are reaped, before this node exits
-    print(json.dumps({"pass_s": pass_s, "compiled": sum(c.compiled for c in coverage),
+    cpu_s = tree_cpu_seconds()  # before the shutdown: worker processes a forkserver started are not our children
+    buildops.shutdown()
+    print(json.dumps({"pass_s": pass_s, "cpu_s": cpu_s, "compiled": sum(c.compiled for c in coverage),
                       "cached": sum(c.cached for c in coverage), "prebuilt": sum(c.prebuilt for c in coverage),
                       "late": sum(c.late for c in coverage),
                       "store": None if counts is None else dataclasses.asdict(counts)}), flush=True)
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds of this process, the children it reaped, and every live descendant (Linux ``/proc``)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    ticks = os.sysconf("SC_CLK_TCK")
+    pending, seen = [os.getpid()], set()
+    while pending:
+        pid = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+            children = {int(c) for t in tasks for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()}
+        except OSError:
+            continue
+        for child in children - seen:
+            seen.add(child)
+            pending.append(child)
+            try:  # utime and stime: fields 14 and 15, counted after the parenthesised command name
+                fields = Path(f"/proc/{child}/stat").read_text().rpartition(")")[2].split()
+                total += (int(fields[11]) + int(fields[12])) / ticks
+            except (OSError, IndexError, ValueError):
+                pass
+    return total
 
 
 def run_nodes(count: int, workload: str, work: Path, env: dict, caches: list[Path] | None = None) -> list[dict]:
@@ -119,8 +147,9 @@ def run_nodes(count: int, workload: str, work: Path, env: dict, caches: list[Pat
         if process.returncode != 0:
             raise SystemExit(f"a node failed:\n{process.log.read_text()[-4000:]}")
         result = json.loads(out.strip().splitlines()[-1])
-        result.update(cpu_s=usage.ru_utime + usage.ru_stime, wall_s=time.perf_counter() - began,
-                      cache=str(process.cache))
+        # The node's own count of its process tree; wait4's misses workers it did not reap itself. The larger.
+        result.update(cpu_s=max(result["cpu_s"], usage.ru_utime + usage.ru_stime),
+                      wall_s=time.perf_counter() - began, cache=str(process.cache))
         results.append(result)
     return results
 
