@@ -2,6 +2,8 @@
 a real FlashInfer wrapper's plan()."""
 
 import contextlib
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -110,6 +112,144 @@ def test_two_processes_building_one_module_build_it_once(flashinfer_env, tmp_pat
     assert [p.returncode for p in processes] == [0, 0]
     assert outputs[0] == outputs[1] and outputs[0].strip().endswith(".so")
     assert len(log.read_text().splitlines()) == 1  # one nvcc run in all: the second process found it built
+
+
+# -- sharing through the build store ------------------------------------------------------------------------------
+
+def _run_node(name, tmp_path, store, *args):
+    """One node (tests/flashinfer_node.py) in a process of its own, with its own FlashInfer workspace; each nvcc it
+    runs adds a line to tmp_path/nvcc-calls."""
+    launcher = tmp_path / "nvcc-launcher"
+    if not launcher.exists():
+        launcher.write_text(f'#!/bin/sh\necho "$$" >> {tmp_path / "nvcc-calls"}\nexec "$@"\n')
+        launcher.chmod(0o755)
+    env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(tmp_path / name), "BUILDOPS_STORE": store,
+           "BUILDOPS_NODE_LOCKS": str(tmp_path / name / "node-locks"), "FLASHINFER_NVCC_LAUNCHER": str(launcher)}
+    node = subprocess.run([sys.executable, str(Path(__file__).with_name("flashinfer_node.py")), *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert node.returncode == 0, node.stderr[-4000:]
+    summary = json.loads(node.stdout.splitlines()[-1])
+    assert summary["buildops"] == buildops.__file__  # the buildops under test, not another install
+    return summary
+
+
+def _nvcc_runs(tmp_path):
+    calls = tmp_path / "nvcc-calls"
+    return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+
+def test_a_module_one_node_built_is_fetched_by_another_which_compiles_it_nowhere(flashinfer_env, redis_url,
+                                                                                 tmp_path):
+    a = _run_node("a", tmp_path, redis_url)
+    assert (a["store"]["stored"], a["cached"], a["origin"], _nvcc_runs(tmp_path)) == (1, False, None, 1)
+
+    b = _run_node("b", tmp_path, redis_url)  # an empty JIT dir: it fetches A's library ...
+    assert (b["origin"], b["store"]["fetched"], b["store"]["stored"]) == ("store", 1, 0)
+    assert b["library"] == a["library"] and b["objects"] == []  # ... and compiles nothing, in its build ...
+    assert b["first_call_left_library"] and b["late"] == []  # ... nor in the op's first call (build_and_load)
+    assert b["cached"] is True and (b["coverage"]["compiled"], b["coverage"]["cached"]) == (0, 1)
+    assert _nvcc_runs(tmp_path) == 1
+
+    restart = _run_node("b", tmp_path, redis_url)  # its library is known: the store is not asked, nothing compiles
+    assert (restart["store"]["known_locally"], restart["store"]["fetched"], restart["cached"]) == (1, 0, True)
+    assert restart["late"] == [] and _nvcc_runs(tmp_path) == 1
+
+    tampered = _run_node("b", tmp_path, redis_url, "tamper")  # a library changed on disk is not A's any more:
+    assert tampered["cached"] is False and tampered["objects"] != []  # FlashInfer's ninja builds the module
+    assert tampered["library"] != a["library"] and _nvcc_runs(tmp_path) == 2
+
+
+@pytest.fixture
+def jit_dir(flashinfer_env, tmp_path, monkeypatch):
+    """A JIT dir of the test's own (FlashInfer reads it from its env module at each use), and FlashInfer's ninja
+    replaced by a stand-in that records its runs and writes the module's library: an install's effect on
+    FlashInfer's build shows without compiling."""
+    from flashinfer.jit import core, env
+
+    monkeypatch.setattr(env, "FLASHINFER_JIT_DIR", tmp_path / "jit")
+    ninja_runs = []
+
+    def run_ninja(workdir, *args, **kwargs):
+        ninja_runs.append(workdir)
+        Path(workdir, f"{Path(workdir).name}.so").write_bytes(b"built by ninja")
+
+    monkeypatch.setattr(core, "run_ninja", run_ninja)
+    return ninja_runs
+
+
+def _installed_silu():
+    from flashinfer.jit.activation import gen_act_and_mul_module
+
+    from buildops.backends.flashinfer_store import FlashInferModule
+
+    spec = gen_act_and_mul_module("silu")
+    module = FlashInferModule(spec)
+    module.install({"silu_and_mul.so": b"fetched library"})
+    return spec, module, Path(spec.jit_library_path)
+
+
+def test_an_installed_module_is_built_by_no_ninja_until_its_library_changes(jit_dir):
+    spec, module, library = _installed_silu()
+    assert library.read_bytes() == b"fetched library" and os.access(library, os.X_OK)
+    assert module.known_locally() and [p.name for p in library.parent.iterdir()] == [library.name]
+    spec.build()
+    assert jit_dir == [] and not Path(spec.ninja_path).exists()  # FlashInfer's build returned before ninja
+
+    library.write_bytes(b"changed since")
+    assert not module.known_locally()
+    spec.build()
+    assert len(jit_dir) == 1 and library.read_bytes() == b"built by ninja"  # FlashInfer's own build again
+
+
+def test_a_tampered_marker_leaves_the_module_to_ninja(jit_dir):
+    from buildops.backends.flashinfer_store import MARKERS
+
+    spec, module, library = _installed_silu()
+    marker = library.parent.parent / MARKERS / module.identity()
+    assert marker.read_text() == hashlib.sha256(b"fetched library").hexdigest()
+    marker.write_text(hashlib.sha256(b"another library").hexdigest())
+    assert not module.known_locally()
+    spec.build()
+    assert len(jit_dir) == 1
+
+
+def test_an_install_never_replaces_a_library_that_is_there(jit_dir):
+    from flashinfer.jit.activation import gen_act_and_mul_module
+
+    from buildops.backends.flashinfer_store import FlashInferModule
+
+    spec = gen_act_and_mul_module("silu")
+    library = Path(spec.jit_library_path)
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"the user's own library")
+    module = FlashInferModule(spec)
+    module.install({"silu_and_mul.so": b"fetched library"})
+    assert library.read_bytes() == b"the user's own library" and not module.known_locally()
+    spec.build()
+    assert len(jit_dir) == 1  # left to FlashInfer's ninja, which decides whether it is up to date
+
+
+@pytest.mark.parametrize("late_watch_first", [True, False])
+def test_the_install_skip_and_the_late_compile_watch_compose_and_both_go_at_reset(jit_dir, late_watch_first):
+    from flashinfer.jit.core import JitSpecNvcc
+
+    from buildops._core import late
+    from buildops.backends.flashinfer import watch_late_compiles
+    from buildops.testing import reset
+
+    original = JitSpecNvcc.__dict__["build"]
+    if late_watch_first:
+        watch_late_compiles()
+    spec, _, library = _installed_silu()
+    watch_late_compiles()
+    late.arm()  # as at the end of a pass
+    spec.build()
+    assert jit_dir == [] and buildops.late_compiles() == []
+    library.unlink()  # not placed any more: FlashInfer builds it, and the watch sees it
+    spec.build()
+    assert len(jit_dir) == 1 and [c.kernel for c in buildops.late_compiles()] == [spec.name]
+    reset()
+    assert JitSpecNvcc.__dict__["build"] is original
 
 
 @contextlib.contextmanager

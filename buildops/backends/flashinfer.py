@@ -6,6 +6,9 @@ call that needs the module loads it: its ``build_and_load`` runs ninja, finds th
 nothing. That holds only if the later call sees the same build description: the same environment (FlashInfer's
 ``FLASHINFER_*`` build settings, ``CUDA_HOME``), the same ``ninja``, the same workspace.
 
+With a build store (``BUILDOPS_STORE``), an nvcc module's library is shared across nodes
+(:mod:`.flashinfer_store`): a node that fetches it runs no ninja for it, in its build or in the first call.
+
 Two processes building one module take turns on the lock; the second finds it built. Builds run on the builder's
 threads (ninja and nvcc are subprocesses, so the GIL is free); at most one per 4 GiB of memory runs at once, since
 one nvcc of an attention module can take several GiB.
@@ -31,8 +34,8 @@ from .._core.build import Build
 from .._core.builder import on_builder_thread
 from .._core.late import LateCompile, caller, record
 from .._runtime.forking import forget_in_child
-from .._runtime.hooks import on_reset
-from .._runtime.patching import Patch
+from . import _flashinfer_build
+from .flashinfer_store import FlashInferModule, shareable
 
 __all__ = ["PLAN_LOOKUPS", "module_builds", "watch_late_compiles"]
 
@@ -52,14 +55,12 @@ _MEMORY_IF_UNKNOWN = 16 * _GIB
 
 _slots: threading.BoundedSemaphore | None = None  # made at the first build, when settings.threads is known
 _slots_lock = threading.Lock()
-_watching: list[Patch] = []  # JitSpec.build wrapped for late compiles, held until buildops.testing.reset()
-_watching_lock = threading.Lock()
 
 
 @forget_in_child
 def _new_locks() -> None:
-    global _slots_lock, _watching_lock
-    _slots_lock, _watching_lock = threading.Lock(), threading.Lock()
+    global _slots_lock
+    _slots_lock = threading.Lock()
 
 
 def _concurrent_builds() -> int:
@@ -79,26 +80,34 @@ def _build_slots() -> threading.BoundedSemaphore:
 
 
 class _ModuleBuild:
-    """A build's run: ``JitSpec.build`` under FlashInfer's lock for the module; returns the library's path."""
+    """A build's run: ``JitSpec.build`` under FlashInfer's lock for the module; returns the library's path.
+    ``cached`` (the ``Build`` contract) is True when the library was there before and the build left it as it was:
+    built earlier, or installed from the build store."""
 
     def __init__(self, spec) -> None:
         self.spec = spec
+        self.cached: bool | None = None
 
     def __call__(self) -> Path:
+        library = Path(self.spec.jit_library_path)
         with _build_slots(), FileLock(self.spec.lock_path, thread_local=False):
+            before = _mtime(library)
             self.spec.build(verbose=False)
-        return Path(self.spec.jit_library_path)
+            self.cached = before is not None and _mtime(library) == before
+        return library
 
 
 def module_builds(op: str, specs: Iterable) -> list[Build]:
-    """One build per FlashInfer ``JitSpec``.
+    """One build per FlashInfer ``JitSpec``; an nvcc module's build is shared through the build store
+    (``BUILDOPS_STORE``, :mod:`buildops.backends.flashinfer_store`).
 
     Args:
         op: the op the builds are reported under.
         specs: FlashInfer ``JitSpec`` objects, e.g. ``flashinfer.jit.activation.gen_act_and_mul_module("silu")``.
     """
     return [Build(op, ("flashinfer", spec.name, str(spec.jit_library_path)), _ModuleBuild(spec),
-                  label=f"flashinfer module {spec.name}", library="flashinfer") for spec in specs]
+                  label=f"flashinfer module {spec.name}", library="flashinfer",
+                  artifact=FlashInferModule(spec) if shareable(spec) else None) for spec in specs]
 
 
 # -- late compiles --------------------------------------------------------------------------------------------
@@ -126,20 +135,7 @@ def watch_late_compiles() -> None:
     that finds the module up to date leaves the library's file untouched and is not late."""
     from flashinfer.jit import core
 
-    with _watching_lock:  # passes ending at once on two threads both arm the watchers
-        if _watching:
-            return
-        for cls in [c for c in vars(core).values() if isinstance(c, type) and issubclass(c, core.JitSpec)]:
-            if "build" in cls.__dict__:
-                patch = Patch(cls, "build", _reporting_build, "FlashInfer 0.7 has no hook after a JIT module compiles")
-                patch.acquire()
-                _watching.append(patch)
-
-
-@on_reset.add
-def _stop_watching() -> None:
-    with _watching_lock:
-        for patch in reversed(_watching):
-            patch.release()
-        _watching.clear()
+    classes = [c for c in vars(core).values() if isinstance(c, type) and issubclass(c, core.JitSpec)]
+    _flashinfer_build.hold("late compiles", classes, _reporting_build,
+                           "FlashInfer 0.7 has no hook after a JIT module compiles")
 
