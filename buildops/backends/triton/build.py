@@ -77,6 +77,7 @@ class WarmupRun:
         self.skipped: str | None = None
         self.where: str | None = None
         self.entries: set[str] = set()  # the Triton cache entries its last call opened (for the build store)
+        self.in_local_cache = False  # set by the build store's sharing: its entries are in the local cache
 
     def _compile_in_worker(self) -> tuple[bool | None, str | None]:
         """Compile in a worker process: from the kernel's source where it travels (nothing of the user's is
@@ -127,7 +128,7 @@ class WarmupRun:
 
     def _build(self) -> Any:
         compiled: bool | None = None  # by a worker process: None where none compiled it
-        if triton_executor() == "processes":
+        if triton_executor() == "processes" and not self.in_local_cache:
             self._in_worker = True
             try:
                 compiled, self.where = self._compile_in_worker()

@@ -112,6 +112,19 @@ class TritonEntries(CacheEntries):
     def entries_dir(self) -> Path:
         return _cache_dir()
 
+    # A run whose entries are in the local cache (fetched, or marked there) needs no worker process: its warmup in
+    # this process is a disk-cache hit.
+    def known_locally(self) -> bool:
+        found = super().known_locally()
+        if found and self.run is not None:
+            self.run.in_local_cache = True
+        return found
+
+    def install(self, files: dict[str, bytes]) -> None:
+        super().install(files)
+        if self.run is not None:
+            self.run.in_local_cache = True
+
     def read_entry(self, entry: Path) -> dict[str, bytes]:
         return _read_entry(entry)
 
