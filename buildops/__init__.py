@@ -5,8 +5,9 @@ Decorate ops with :func:`lists_kernels` or :func:`builds_by_running`, run dummy 
 queues compile-only builds for every swept shape on the process's builder.
 
 The package is layered; each layer imports only those below it: ``_config`` (settings), ``_runtime`` (processes
-and the host), ``_core`` (specs, builds, the builder, passes, ops), ``backends`` (Triton, FlashInfer, DeepGEMM,
-variant recording), then the public modules ``capture``, ``reporting``, ``startup`` and ``testing``.
+and the host), ``store`` (the build store shared by a cluster's nodes), ``_core`` (specs, builds, the builder,
+passes, ops), ``backends`` (Triton, FlashInfer, DeepGEMM, variant recording), then the public modules ``capture``,
+``reporting``, ``startup`` and ``testing``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pathlib
 import buildops
 
 PACKAGE = pathlib.Path(buildops.__file__).parent
-LAYERS = ("buildops._config", "buildops._runtime", "buildops._core", "buildops.backends")
+LAYERS = ("buildops._config", "buildops._runtime", "buildops.store", "buildops._core", "buildops.backends")
 
 
 def _layer(module: str) -> int:

@@ -1,12 +1,31 @@
 """The build store: where the nodes of a cluster claim builds and keep their artifacts (``BUILDOPS_STORE``).
 
-A layer beside ``_runtime``: it imports only ``_config`` and the standard library (the Redis client lazily), so
-that the builder, the command line and tests can all use it. :func:`open_store` makes a store from a URL;
-:mod:`.packing` turns a build's files into one verified blob and back.
+A layer above ``_runtime`` and below ``_core``: it imports only ``_config`` and the standard library (the Redis
+client lazily), so that the builder, the command line and tests can all use it. :func:`open_store` makes a store
+from a URL; :mod:`.packing` turns a build's files into one verified blob and back.
 """
 
 from __future__ import annotations
 
-from .interface import BuildStore, Lease, StoreError, open_store
+import urllib.parse
+
+from .._config import redact_url
+from .interface import BuildStore, Lease, StoreError
 
 __all__ = ["BuildStore", "Lease", "StoreError", "open_store"]
+
+
+def open_store(url: str, timeout: float = 2.0) -> BuildStore:
+    """The store at ``url``: ``redis://[:PASSWORD@]HOST:PORT/DB`` (``rediss://`` for TLS) or ``file:///DIR``.
+    Requests give up after ``timeout`` seconds. Raises ``ValueError`` for another URL and :class:`StoreError` when
+    the store cannot be used (the Redis client missing)."""
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme in ("redis", "rediss"):
+        from .redis_store import RedisStore
+
+        return RedisStore(url, timeout)
+    if scheme == "file":
+        from .file_store import FileStore
+
+        return FileStore(url, timeout)
+    raise ValueError(f"build store URL {redact_url(url)!r}: expected redis://, rediss:// or file:///")

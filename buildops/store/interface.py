@@ -1,14 +1,13 @@
-"""What every build store offers (:class:`BuildStore`), and :func:`open_store`, which picks one by URL."""
+"""What every build store offers (:class:`BuildStore`, :class:`Lease`), and what it raises (:class:`StoreError`)."""
 
 from __future__ import annotations
 
 import abc
-import urllib.parse
 from collections.abc import Iterator
 
 from .._config import redact_url
 
-__all__ = ["BuildStore", "Lease", "StoreError", "open_store"]
+__all__ = ["BuildStore", "Lease", "StoreError", "check_key"]
 
 # Names the store's keys, values and claims share: artifacts are named by their identity (a sha256 in hex).
 KEY_LENGTH = 64
@@ -92,19 +91,3 @@ def check_key(key: str) -> str:
     if len(key) != KEY_LENGTH or any(c not in "0123456789abcdef" for c in key):
         raise ValueError(f"not a build store key (64 lowercase hex characters): {key[:80]!r}")
     return key
-
-
-def open_store(url: str, timeout: float = 2.0) -> BuildStore:
-    """The store at ``url``: ``redis://[:PASSWORD@]HOST:PORT/DB`` (``rediss://`` for TLS) or ``file:///DIR``.
-    Requests give up after ``timeout`` seconds. Raises ``ValueError`` for another URL and :class:`StoreError` when
-    the store cannot be used (the Redis client missing)."""
-    scheme = urllib.parse.urlsplit(url).scheme
-    if scheme in ("redis", "rediss"):
-        from .redis_store import RedisStore
-
-        return RedisStore(url, timeout)
-    if scheme == "file":
-        from .file_store import FileStore
-
-        return FileStore(url, timeout)
-    raise ValueError(f"build store URL {redact_url(url)!r}: expected redis://, rediss:// or file:///")
