@@ -159,6 +159,16 @@ class _Seconds(Setting[float]):
         return seconds if seconds is not None and seconds >= 0 else None  # nan compares false: refused
 
 
+class _Span(Setting[float]):
+    """Seconds that must pass: more than 0 and finite (a lease of 0 excludes no one; one of inf never lapses)."""
+
+    expected = "a number of seconds > 0, finite"
+
+    def _convert(self, value: str) -> float | None:
+        seconds = _number(float, value)
+        return seconds if seconds is not None and 0 < seconds < math.inf else None
+
+
 class _Choice(Setting[S]):
     def __init__(self, env: str, doc: str, default: Callable[[], S], *, choices: tuple[S, ...]) -> None:
         super().__init__(env, doc, default, expected=f"one of {', '.join(choices)}")
@@ -291,10 +301,10 @@ class _Settings:
     store = _StoreUrl("BUILDOPS_STORE", "The build store shared by the nodes of a cluster (Redis, or a directory "
                       "every node mounts): builds are claimed there and their artifacts kept there. Empty: builds "
                       "are shared by the processes of one node only.", lambda: "", default_doc="empty (off)")
-    store_timeout = _Seconds("BUILDOPS_STORE_TIMEOUT", "Seconds one request to the build store may take; a store "
+    store_timeout = _Span("BUILDOPS_STORE_TIMEOUT", "Seconds one request to the build store may take; a store "
                              "that fails or is slower is left alone for the rest of the process (builds go on "
                              "locally).", lambda: 2.0)
-    store_lease = _Seconds("BUILDOPS_STORE_LEASE", "Seconds a node's claim on a build in the store lasts unless "
+    store_lease = _Span("BUILDOPS_STORE_LEASE", "Seconds a node's claim on a build in the store lasts unless "
                            "renewed (it is renewed while the build runs): how long others wait for a node that "
                            "died mid-build.", lambda: 30.0)
     progress_after = _Seconds("BUILDOPS_PROGRESS_AFTER", "Seconds a join waits before it shows a progress bar.",

@@ -123,8 +123,10 @@ def prebuild(path: str | os.PathLike[str]) -> PrebuildOutcome:
     states = {record.build.key: record for record in builder.history()}
     for build, future in futures:
         record = states.get(build.key)
-        if future.exception() is not None or record is None:
-            outcome.failed.append((build.describe(), f"{type(future.exception()).__name__}: {future.exception()}"))
+        error = "cancelled" if future.cancelled() else future.exception()
+        if error is not None or record is None:
+            why = error if isinstance(error, str) else f"{type(error).__name__}: {error}" if error else "not run"
+            outcome.failed.append((build.describe(), why))
         elif record.origin == "store":
             outcome.fetched += 1
         elif record.cached:

@@ -28,7 +28,8 @@ class Artifact(Protocol):
         before the run, atomically per entry (a reader never sees half an entry), and replaces no entry that is
         there; the run then finds them cached. Files it cannot place are left out (the run compiles them).
       * ``collect()`` is called after a run that built: the files to share (relative path -> bytes), with no
-        absolute path of this node inside them, or None when there is nothing to share. It may remember that the
+        absolute path of this node that the library follows to load them (debug information may keep one), or
+        None when there is nothing to share. It may remember that the
         local cache holds them (``known_locally``).
       * None of them raises for a missing or foreign cache entry; any exception leaves the build to run unshared.
     """
@@ -188,4 +189,5 @@ class Record:
     refused_since: float | None = None  # time.monotonic() when another process of the node first held its key
     lease: Any = None  # its claim on the key in the build store, while it is built here
     held_elsewhere_since: float | None = None  # time.monotonic() when another node first held its key in the store
+    outwaited: bool = False  # built here after another node held its key past BUILDOPS_BUILD_TIMEOUT
     origin: str | None = None  # "store": its artifact was fetched from the build store

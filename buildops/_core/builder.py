@@ -451,8 +451,6 @@ class Builder:
             self._watch_changed.notify_all()  # the watchdog ends once no run it watches is left
         if serial is not None:
             workers.append(serial)
-        if self._sharing is not None:
-            self._sharing.close()
         if wait:
             deadline = None if timeout is None else time.monotonic() + timeout  # for all of them, not each
             for thread in workers:
@@ -462,6 +460,8 @@ class Builder:
                     if left is not None and left <= 0:
                         break
                     thread.join(JOIN_STEP_SECONDS if left is None else min(JOIN_STEP_SECONDS, left))
+            if self._sharing is not None:  # after the workers: each released its own builds' claims
+                self._sharing.close()
 
 
 _thread_role = threading.local()

@@ -58,6 +58,7 @@ class _Shared(Protocol):
     timeout: float
     lease: Any
     held_elsewhere_since: float | None
+    outwaited: bool
     origin: str | None
 
 
@@ -106,6 +107,7 @@ class StoreSharing:
             self._identities[id(record)] = identity
             if artifact.known_locally():
                 self._count(known_locally=1)
+                record.outwaited = False  # found here after all: nothing to store
                 return True
             if self._fetch(record, identity):
                 return True
@@ -152,6 +154,7 @@ class StoreSharing:
                            "(BUILDOPS_BUILD_TIMEOUT); building it here", record.build.describe(), record.build.op,
                            record.timeout)
             self._count(built_after_others=1)
+            record.outwaited = True
             return False
         time.sleep(HELD_ELSEWHERE_WAIT_SECONDS)
         return True
@@ -161,7 +164,7 @@ class StoreSharing:
         with self._lock:
             identity = self._identities.get(id(record))
         artifact = record.build.artifact
-        built_here = record.lease is not None or record.held_elsewhere_since is not None
+        built_here = record.lease is not None or record.outwaited
         if not (built_here and identity and artifact is not None and record.origin is None) or self.off:
             return
         try:
@@ -177,14 +180,14 @@ class StoreSharing:
             lease = self._held.pop(id(record), None)
             self._identities.pop(id(record), None)
         record.lease = None
-        if lease is not None:
+        if lease is not None and not self.off:
             self._release(lease)
 
     def close(self) -> None:
-        """Release every claim held (the builder shuts down). The store stays open: a worker still inside a build
-        may yet use it."""
+        """Release the claims still held once the builder's workers are done (those of builds given up as stuck):
+        other nodes build those keys now. The store stays open: a stuck build may yet return and use it."""
         with self._lock:
-            leases = list(self._held.values())
+            leases = [] if self.off else list(self._held.values())
             self._held.clear()
             self._renewing.notify_all()
         for lease in leases:
@@ -201,7 +204,7 @@ class StoreSharing:
     def _release(self, lease: Any) -> None:
         try:
             lease.release()
-        except StoreError:  # it lapses by itself
+        except Exception:  # on a builder's thread, which must go on: it lapses by itself
             logger.debug("buildops: releasing a claim in the build store failed", exc_info=True)
 
     # -- leases ------------------------------------------------------------------------------------------------
@@ -219,16 +222,23 @@ class StoreSharing:
         while True:
             with self._lock:
                 self._renewing.wait(self.lease / 3)
-                leases = list(self._held.values())
-                if not leases:
+                held = list(self._held.items())
+                if not held or self.off:
                     self._renewer = None
                     return
-            for lease in leases:
+            for owner, lease in held:
                 try:
-                    lease.renew()
+                    renewed = lease.renew()
                 except StoreError as error:
                     self._turn_off(error)
                     break
+                except Exception:  # the renewer must go on for the other leases
+                    logger.debug("buildops: renewing a claim in the build store failed", exc_info=True)
+                    renewed = False
+                if not renewed:  # lapsed: another node may hold the key now; this one just builds it too
+                    with self._lock:
+                        if self._held.get(owner) is lease:
+                            del self._held[owner]
 
     def _count(self, **added: float) -> None:
         with self._lock:
@@ -240,11 +250,9 @@ class StoreSharing:
             if self._counts.failed is not None:
                 return
             self._counts.failed = str(error)
-            leases = list(self._held.values())
+            self._held.clear()  # not released: each request to a failing store could cost a timeout; they lapse
             self._renewing.notify_all()
         logger.warning("buildops: %s; builds go on without the store for the rest of this process", error)
-        for lease in leases:  # best effort: they lapse by themselves otherwise
-            self._release(lease)
 
 
 def store_sharing() -> StoreSharing | None:

@@ -58,7 +58,7 @@ class FileStore(BuildStore):
         made = self._claims / f".{key}.{token}"
         try:
             if _lapsed(path):
-                self._take_lapsed(path, made.with_suffix(".aside"))
+                self._take_lapsed(path, made.with_name(made.name + ".aside"))  # a name of this claimer's own
             # Made whole aside (token and lease end), then linked into place: a claim is never seen half made.
             made.write_text(token)
             end = time.time() + lease
@@ -83,7 +83,7 @@ class FileStore(BuildStore):
         try:
             if not _lapsed(aside):
                 os.link(aside, path)
-        except FileExistsError:
+        except (FileExistsError, FileNotFoundError):  # another node claimed it meanwhile, or handled it
             pass
         finally:
             aside.unlink(missing_ok=True)
@@ -121,28 +121,52 @@ def _lapsed(path: Path) -> bool:
 
 
 class _FileLease(Lease):
-    def __init__(self, store: FileStore, path: Path, token: str, lease: float) -> None:
-        self._store, self._path, self._token, self._lease = store, path, token, lease
+    """A claim file holding this claimer's token. Renewing and releasing act on the file this claimer made (its
+    inode), never on one another node put at the path since."""
 
-    def _mine(self) -> bool:
+    def __init__(self, store: FileStore, path: Path, token: str, lease: float) -> None:
+        self._store, self._path, self._token, self._lease = store, path, token.encode(), lease
+
+    def _open_mine(self) -> int | None:
+        """A descriptor on the claim file if it is still this claimer's, else None."""
         try:
-            return self._path.read_text() == self._token
+            fd = os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
-            return False
+            return None
+        if os.read(fd, len(self._token) + 1) == self._token:
+            return fd
+        os.close(fd)
+        return None
 
     def renew(self) -> bool:
         try:
-            if not self._mine():
+            fd = self._open_mine()
+            if fd is None:
                 return False
-            end = time.time() + self._lease
-            os.utime(self._path, (end, end))
+            try:
+                end = time.time() + self._lease
+                os.utime(fd, (end, end))
+            finally:
+                os.close(fd)
             return True
+        except FileNotFoundError:
+            return False
         except OSError as error:
             raise self._store._fail("renew", error) from None
 
     def release(self) -> None:
         try:
-            if self._mine():
-                self._path.unlink(missing_ok=True)
+            fd = self._open_mine()
+            if fd is None:
+                return
+            try:
+                mine = os.fstat(fd)
+                here = os.stat(self._path, follow_symlinks=False)
+                if (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):  # not replaced since it was read
+                    self._path.unlink()
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            return
         except OSError as error:
             raise self._store._fail("release", error) from None

@@ -28,6 +28,9 @@ LATE_READ = [
     ("BUILDOPS_AUTOTUNE", "maybe"),
     ("BUILDOPS_TRITON_TARGET", "sm90"),
     ("BUILDOPS_NODE_LOCKS", "locks"),
+    ("BUILDOPS_STORE", "http://cache:6379"),
+    ("BUILDOPS_STORE_TIMEOUT", "0"),
+    ("BUILDOPS_STORE_LEASE", "inf"),
 ]
 
 

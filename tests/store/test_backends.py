@@ -203,3 +203,33 @@ def test_two_processes_claiming_one_key_get_one_lease(redis_url, tmp_path):
     go.touch()
     outcomes = sorted(child.communicate(timeout=WAIT)[0].strip() for child in children)
     assert outcomes == ["lost", "lost", "lost", "won"]
+
+
+def test_a_lapsed_claim_is_taken_over_by_one_claimer(store):
+    assert store.claim(key("lapsing"), lease=0.2) is not None
+    time.sleep(0.4)
+    won = []
+    start = threading.Barrier(8)
+
+    def claim():
+        start.wait(WAIT)
+        lease = store.claim(key("lapsing"), lease=30)
+        if lease is not None:
+            won.append(lease)
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    assert len(won) == 1
+
+
+def test_a_lease_taken_over_is_not_renewed_and_its_release_spares_the_new_claim(store):
+    old = store.claim(key("k"), lease=0.2)
+    time.sleep(0.4)
+    new = store.claim(key("k"), lease=30)
+    assert old is not None and new is not None
+    assert old.renew() is False
+    old.release()
+    assert store.claim(key("k"), lease=30) is None, "the old lease's release removed the new claim"

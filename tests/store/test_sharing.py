@@ -12,7 +12,7 @@ from buildops.store import open_store
 from buildops.store.packing import pack
 
 from artifacts_for_tests import FileArtifact, Node
-from conftest import WAIT
+from conftest import WAIT, until
 
 
 @pytest.fixture(params=["redis", "file"])
@@ -20,9 +20,9 @@ def store_url(request, tmp_path):
     return request.getfixturevalue("redis_url") if request.param == "redis" else f"file://{tmp_path / 'store'}"
 
 
-def node_builder(url, **settings_overrides):
+def node_builder(url, threads=2, **settings_overrides):
     with settings.scope(store=url, **settings_overrides):
-        return Builder(threads=2)
+        return Builder(threads=threads)
 
 
 def build_all(builder, builds):
@@ -139,4 +139,48 @@ def test_a_lease_is_renewed_while_a_long_build_runs(store_url, tmp_path):
     time.sleep(1.5)  # past the lease: renewed, so no other node can claim it
     assert open_store(store_url).claim(build.artifact.identity(), lease=30) is None
     future.result(timeout=WAIT)
+    builder.shutdown()
+
+
+def test_a_store_that_stops_answering_while_claims_are_held_costs_one_timeout(fresh_redis_server, tmp_path,
+                                                                              caplog):
+    import os
+    import signal
+    import threading
+
+    node = Node(tmp_path / "a")
+    gate = threading.Event()
+    builder = node_builder(fresh_redis_server.url, threads=3, store_timeout=0.5)
+    held = [builder.submit(node.build(f"held{i}", gate=gate)) for i in range(2)]  # claimed, building
+    assert until(lambda: builder.busy == 2)
+    os.kill(fresh_redis_server.process.pid, signal.SIGSTOP)  # the store stops answering
+    try:
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="buildops"):
+            builder.submit(node.build("late")).result(timeout=WAIT)
+            gate.set()
+            for future in held:
+                future.result(timeout=WAIT)
+            builder.shutdown()
+        assert time.monotonic() - start < 0.5 * 2 + 1, "more than one request went to the stopped store"
+        assert [r for r in caplog.records if "without the store" in r.getMessage()]
+        assert sorted(node.compiles) == ["held0", "held1", "late"]
+    finally:
+        os.kill(fresh_redis_server.process.pid, signal.SIGCONT)
+
+
+def test_a_claim_file_that_is_not_a_token_does_not_stop_the_builder(tmp_path):
+    node = Node(tmp_path / "a")
+    gate = __import__("threading").Event()
+    url = f"file://{tmp_path / 'store'}"
+    builder = node_builder(url)
+    first = builder.submit(node.build("k", gate=gate))
+    claims = tmp_path / "store" / "claims"
+    assert until(lambda: claims.is_dir() and any(not p.name.startswith(".") for p in claims.iterdir()))
+    for claim in claims.iterdir():
+        claim.write_bytes(b"\xff\xfe not a token")  # another tool wrote over it
+    gate.set()
+    first.result(timeout=WAIT)
+    build_all(builder, [node.build("next")])  # the worker lived on
+    assert sorted(node.compiles) == ["k", "next"]
     builder.shutdown()
