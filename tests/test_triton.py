@@ -392,22 +392,28 @@ def test_a_kernel_whose_source_cannot_travel_is_built_where_it_can_and_the_repor
         del sys.modules["hidden_kernels_for_buildops_test"]
 
 
-def test_a_worker_killed_mid_build_does_not_hang_the_pass(fresh_triton, caplog):
-    killed = []
+def test_a_worker_killed_mid_build_does_not_hang_the_pass(fresh_triton, caplog, monkeypatch):
+    killed, sent = [], threading.Event()
+    run = triton_workers.run
 
-    def kill_the_workers_once_they_run():
-        for _ in range(int(WAIT * 6 / 0.05)):
-            pool = triton_workers._pool
-            processes = list(getattr(pool, "_processes", None) or {}) if pool else []
-            if processes:
-                time.sleep(0.3)  # let the first build reach a worker
-                for pid in processes:
-                    os.kill(pid, signal.SIGKILL)
-                killed.extend(processes)
-                return
-            time.sleep(0.05)
+    def run_noted(*args, **kwargs):  # a build is about to go to a worker, the pool started and warm
+        triton_workers.get()
+        sent.set()
+        return run(*args, **kwargs)
 
-    killer = threading.Thread(target=kill_the_workers_once_they_run)
+    monkeypatch.setattr(triton_workers, "run", run_noted)
+
+    def kill_the_workers_once_one_builds():
+        if not sent.wait(WAIT * 6):
+            return
+        time.sleep(0.05)  # into the worker's compile, which takes far longer
+        pool = triton_workers._pool
+        processes = list(getattr(pool, "_processes", None) or {}) if pool else []
+        for pid in processes:
+            os.kill(pid, signal.SIGKILL)
+        killed.extend(processes)
+
+    killer = threading.Thread(target=kill_the_workers_once_one_builds)
     with settings.scope(executor="processes", threads=1):
         killer.start()
         with build_pass("warmup"):
