@@ -81,8 +81,8 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     """The parser of the command line, with every registered subcommand."""
-    top = _Parser(prog="buildops", description="Inspect buildops and its builds. Exit status: 0 done, 1 a "
-                  "problem found, 2 bad usage or an unreadable input.")
+    top = _Parser(prog="buildops", description="Inspect buildops, prebuild a manifest, look into the build store. "
+                  "Exit status: 0 done, 1 a problem found, 2 bad usage or an unreadable input.")
     top.add_argument("--version", action="version", version=f"buildops {__version__}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     for command in _COMMANDS.values():
