@@ -26,6 +26,9 @@ from .cache_entries import CacheEntries
 
 __all__ = ["DeepGemmEntries", "cache_root", "entry_names"]
 
+# What an entry must hold: DeepGEMM aborts the process on an entry directory that lacks either.
+_REQUIRED = ("kernel.cu", "kernel.cubin")
+
 def cache_root() -> Path:
     """DeepGEMM's cache directory, as its compiler picks it."""
     return Path(os.environ.get("DG_JIT_CACHE_DIR") or Path.home() / ".deep_gemm")
@@ -95,10 +98,10 @@ class DeepGemmEntries(CacheEntries):
         return cache_root()
 
     def complete(self, entry: Path) -> bool:
-        return (entry / "kernel.cubin").is_file()  # DeepGEMM refuses an entry without it
+        return all((entry / name).is_file() for name in _REQUIRED)
 
     def place_entry(self, name: str, contents: dict[str, bytes]) -> None:
-        if name.startswith("kernel.") and "kernel.cubin" in contents:
+        if name.startswith("kernel.") and all(required in contents for required in _REQUIRED):
             _install_entry(cache_root(), name, contents)
 
 
