@@ -6,10 +6,10 @@ path: one process of a node asks the store for a key):
 1. a key the local cache holds already (``known_locally``) skips the store;
 2. an artifact in the store is fetched, verified (:mod:`buildops.store.packing`) and installed into the local
    cache; the run then finds it cached. A bad one is dropped, built here and stored again;
-3. otherwise the key is claimed in the store with a lease, renewed while it builds; after the run the artifact is
-   stored and the claim released. A key another node holds is put back (the builder builds something else) and
-   asked for again; it is built here once that node's lease lapses (it died) or it has held the key past
-   ``BUILDOPS_BUILD_TIMEOUT``.
+3. otherwise the key is claimed in the store with a lease, renewed while it builds, and looked up once more
+   (another node may have stored it and let go just before); after the run the artifact is stored and the claim
+   released. A key another node holds is put back (the builder builds something else) and asked for again; it is
+   built here once that node's lease lapses (it died) or it has held the key past ``BUILDOPS_BUILD_TIMEOUT``.
 
 The store failing never fails a build or slows a start past one request's ``BUILDOPS_STORE_TIMEOUT``: the first
 failure is logged once and the store is left alone for the rest of the process.
@@ -109,9 +109,16 @@ class StoreSharing:
                 self._count(known_locally=1)
                 record.outwaited = False  # found here after all: nothing to store
                 return True
-            if self._fetch(record, identity):
+            found = self._fetch(record, identity)
+            if found == "fetched":
                 return True
             lease = self.store.claim(identity, self.lease)
+            if lease is not None:
+                self._hold(record, lease)
+                # Check again: another node may have stored it and let go between the look above and the claim.
+                if found == "missing" and self._fetch(record, identity) == "fetched":
+                    self.release(record)
+                return True
         except StoreError as error:
             self._turn_off(error)
             return True
@@ -119,29 +126,27 @@ class StoreSharing:
             logger.debug("buildops: sharing build %s through the store failed", record.build.describe(),
                          exc_info=True)
             return True
-        if lease is not None:
-            self._hold(record, lease)
-            return True
         return not self._still_waiting(record)
 
-    def _fetch(self, record: _Shared, identity: str) -> bool:
+    def _fetch(self, record: _Shared, identity: str) -> str:
+        """Fetch and install ``record``'s artifact: "fetched", "missing", or "bad" (it failed verification)."""
         artifact = record.build.artifact
         assert artifact is not None
         start = time.perf_counter()
         blob = self.store.get(identity)
         if blob is None:
-            return False
+            return "missing"
         try:
             files = unpack(identity, blob)
         except BadArtifact as bad:
             logger.warning("buildops: the build store's artifact of %s (op %s) is bad (%s); building it here",
                            record.build.describe(), record.build.op, bad)
             self._count(bad=1)
-            return False
+            return "bad"
         artifact.install(files)
         record.origin = "store"
         self._count(fetched=1, fetched_bytes=len(blob), fetch_seconds=time.perf_counter() - start)
-        return True
+        return "fetched"
 
     def _still_waiting(self, record: _Shared) -> bool:
         """Whether to go on waiting for the node that holds ``record``'s key (it is put back meanwhile)."""

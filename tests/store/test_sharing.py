@@ -184,3 +184,27 @@ def test_a_claim_file_that_is_not_a_token_does_not_stop_the_builder(tmp_path):
     build_all(builder, [node.build("next")])  # the worker lived on
     assert sorted(node.compiles) == ["k", "next"]
     builder.shutdown()
+
+
+def test_a_build_stored_by_another_node_just_before_the_claim_is_fetched_not_built(store_url, tmp_path):
+    node, other = Node(tmp_path / "b"), Node(tmp_path / "a")
+    build = node.build("k")
+    identity = build.artifact.identity()
+    store = open_store(store_url)
+    other.build("k").run()
+    stored = pack(identity, FileArtifact("k", tmp_path / "a").collect())
+
+    class StoredMeanwhile:  # the other node stores it and lets go between this node's look and its claim
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        def claim(self, key, lease):
+            store.put(key, stored)
+            return store.claim(key, lease)
+
+    builder = node_builder(store_url)
+    builder._sharing._store = StoredMeanwhile()
+    build_all(builder, [build])
+    assert node.compiles == [] and builder.history()[0].origin == "store"
+    assert store.claims() == 0, "the claim taken before the second look was not released"
+    builder.shutdown()
