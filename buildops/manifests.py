@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ._core.build import Build, BuildState
 from ._core.default import current_builder, default_builder
+from ._runtime.files import write_atomically
 
 __all__ = ["PrebuildOutcome", "load_manifest", "prebuild", "save_manifest"]
 
@@ -59,10 +59,7 @@ def save_manifest(path: str | os.PathLike[str]) -> Path:
 
     target = Path(path)
     document = {"format": FORMAT, "version": VERSION, "buildops": __version__, "entries": manifest_entries()}
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", delete=False) as out:
-        json.dump(document, out)
-    os.replace(out.name, target)
+    write_atomically(target, json.dumps(document))
     return target
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from ._core.default import current_builder
 from ._core.late import LateCompile, late_compiles
 from ._core.passes import ListedNothing, listed_nothing
 from ._core.sharing import StoreCounts
+from ._runtime.files import write_atomically
 from .manifests import manifest_entries
 
 __all__ = ["Coverage", "ListedNothing", "OpReport", "Report", "format_report", "load_report", "report"]
@@ -216,7 +216,7 @@ class Report:
             path: where to write it.
             manifest: add the pass's manifest entries (:meth:`to_dict`'s ``manifest`` key).
         """
-        _write_atomically(Path(path), json.dumps(self.to_dict(manifest=manifest), indent=2) + "\n")
+        write_atomically(Path(path), json.dumps(self.to_dict(manifest=manifest), indent=2) + "\n")
 
     def format(self) -> str:
         """A plain-text table, one row per op, a total row, then each failure on a line, each library's coverage
@@ -397,22 +397,6 @@ def _entry(item: object, fields: Mapping[str, type], where: str) -> dict[str, An
     if not isinstance(item, dict):
         raise ValueError(f"{where} is {item!r}, not an object")
     return {key: _field(item, key, kind, where) for key, kind in fields.items()}
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a new file beside it, renamed over it once complete."""
-    # A unique name opened exclusively, not mkstemp: its 0600 would stay on the report, where the umask should rule.
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with open(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
 
 
 def _version() -> str:

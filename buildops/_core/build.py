@@ -21,7 +21,8 @@ class Artifact(Protocol):
       * ``identity()`` names everything that makes the artifact valid (library versions, target, compiler,
         options, the relevant environment) and nothing of where things are installed: two nodes with equal
         identities build interchangeable artifacts, two with different versions never share one. 64 hex
-        characters (a sha256). Called on a builder thread before the run; may be slow once (it may hash an install).
+        characters (a sha256). Called on a builder thread before the run and again after it: the first call may be
+        slow (it may hash an install), later ones must be cheap (keep it).
       * ``known_locally()`` is true when the local cache already holds what an earlier fetch or upload of this
         identity placed there, so the store need not be asked.
       * ``install(files)`` puts fetched files (relative path -> bytes, already verified) into the local cache

@@ -74,7 +74,6 @@ class StoreSharing:
         self._held: dict[int, Any] = {}  # leases held now, by id(record)
         self._renewing = threading.Condition(self._lock)
         self._renewer: threading.Thread | None = None
-        self._identities: dict[int, str] = {}  # identity of each record asked for, by id(record)
 
     @property
     def store(self) -> BuildStore:
@@ -103,11 +102,9 @@ class StoreSharing:
         if artifact is None or self.off or record.lease is not None:
             return True
         try:
-            identity = self._identities.get(id(record)) or artifact.identity()
-            self._identities[id(record)] = identity
+            identity = artifact.identity()
             if artifact.known_locally():
                 self._count(known_locally=1)
-                record.outwaited = False  # found here after all: nothing to store
                 return True
             found = self._fetch(record, identity)
             if found == "fetched":
@@ -166,14 +163,12 @@ class StoreSharing:
 
     def after_build(self, record: _Shared) -> None:
         """Store what ``record``'s run built here (not fetched, nor found locally), before its future is set."""
-        with self._lock:
-            identity = self._identities.get(id(record))
         artifact = record.build.artifact
-        built_here = record.lease is not None or record.outwaited
-        if not (built_here and identity and artifact is not None and record.origin is None) or self.off:
+        built_here = record.lease is not None or record.outwaited  # both come after its identity was had
+        if not (built_here and artifact is not None and record.origin is None) or self.off:
             return
         try:
-            self._put(identity, artifact)
+            self._put(artifact.identity(), artifact)
         except StoreError as error:
             self._turn_off(error)
         except Exception:
@@ -183,7 +178,6 @@ class StoreSharing:
         """Release ``record``'s claim in the store, if it holds one, once its run ended (or never began)."""
         with self._lock:
             lease = self._held.pop(id(record), None)
-            self._identities.pop(id(record), None)
         record.lease = None
         if lease is not None and not self.off:
             self._release(lease)

@@ -9,10 +9,10 @@ installed or an upload took for that identity, so that a node whose cache holds 
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import Any
+
+from .._runtime.files import write_atomically
 
 __all__ = ["CacheEntries"]
 
@@ -95,8 +95,4 @@ class CacheEntries:
         return self.marker_root() / MARKERS / self.identity()
 
     def _remember(self, names: list[str]) -> None:
-        marker = self._marker()
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        temporary = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}")
-        temporary.write_text(json.dumps(sorted(names)))
-        os.replace(temporary, marker)
+        write_atomically(self._marker(), json.dumps(sorted(names)))

@@ -10,10 +10,10 @@ entry into place as DeepGEMM does, so DeepGEMM never sees half an entry.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -22,6 +22,7 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
+from .._runtime.toolchain import tool_version
 from .cache_entries import CacheEntries
 
 __all__ = ["DeepGemmEntries", "cache_root", "entry_names"]
@@ -42,14 +43,13 @@ def entry_names() -> set[str]:
         return set()
 
 
-@functools.cache
 def _nvcc_version() -> str:
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
     nvcc = os.environ.get("DG_JIT_NVCC_COMPILER") or str(Path(cuda_home) / "bin" / "nvcc")
     try:
-        return subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+        return tool_version(shlex.quote(nvcc))
     except (OSError, subprocess.SubprocessError):
-        return "no nvcc"
+        return "no nvcc"  # DeepGEMM may compile with NVRTC instead
 
 
 def _library_version(module: str) -> str:

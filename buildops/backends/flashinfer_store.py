@@ -25,27 +25,24 @@ process built is never replaced. Markers are written the same way.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import platform
-import shlex
-import subprocess
 import sys
 import sysconfig
-import uuid
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
+from .._runtime.files import write_atomically
+from .._runtime.toolchain import tool_version
 from . import _flashinfer_build
 
 __all__ = ["FlashInferModule", "shareable"]
 
 MARKERS = "buildops-shared"  # a directory of FlashInfer's JIT dir: the libraries placed or built, by identity
 _LAUNCHERS = ("cxx_launcher =", "nvcc_launcher =")  # ccache and the like: they do not change what compiles
-_VERSION_TIMEOUT = 60.0
 
 
 def shareable(spec: Any) -> bool:
@@ -58,14 +55,6 @@ def shareable(spec: Any) -> bool:
 
 # -- identity ----------------------------------------------------------------------------------------------------
 
-@functools.cache
-def _tool_version(command: str) -> str:
-    """``command --version``'s output (cached per command): what it compiles with."""
-    result = subprocess.run([*shlex.split(command), "--version"], capture_output=True, text=True, check=True,
-                            timeout=_VERSION_TIMEOUT)
-    return result.stdout.strip()
-
-
 def _compilers() -> str:
     """The versions of the compilers FlashInfer's build runs: nvcc and the host's (``CXX``, ``CC``)."""
     from flashinfer.jit.cpp_ext import get_cuda_path
@@ -73,7 +62,7 @@ def _compilers() -> str:
     cuda_home = get_cuda_path()
     nvcc = os.environ.get("FLASHINFER_NVCC", "$cuda_home/bin/nvcc").replace("$cuda_home", cuda_home)
     hosts = [os.environ.get("CXX", "c++"), *([os.environ["CC"]] if os.environ.get("CC") else [])]
-    return "\n".join(_tool_version(command) for command in [nvcc, *hosts])
+    return "\n".join(tool_version(command) for command in [nvcc, *hosts])
 
 
 def _install_paths() -> list[tuple[str, str]]:
@@ -146,18 +135,6 @@ def _marker(identity: str) -> Path:
     return Path(env.FLASHINFER_JIT_DIR) / MARKERS / identity
 
 
-def _write_atomically(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``path`` whole or not at all: a file beside it, renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    try:
-        temporary.write_bytes(data)
-        temporary.chmod(mode)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def _placed(spec: Any, identity: str) -> bool:
     """Whether ``spec``'s library is the one its marker names under ``identity``."""
     try:
@@ -224,10 +201,10 @@ class FlashInferModule:
         library = Path(self.spec.jit_library_path)
         with FileLock(self.spec.lock_path, thread_local=False):  # no ninja of this node writes it meanwhile
             if not library.exists():
-                _write_atomically(library, data, mode=0o755)
+                write_atomically(library, data, mode=0o755)
         digest = hashlib.sha256(data).hexdigest()
         if _sha256(library) == digest:
-            _write_atomically(_marker(self.identity()), digest.encode())
+            write_atomically(_marker(self.identity()), digest.encode())
             _skip_placed_modules()
 
     def collect(self) -> dict[str, bytes] | None:
@@ -235,5 +212,5 @@ class FlashInferModule:
             data = Path(self.spec.jit_library_path).read_bytes()
         except OSError:
             return None
-        _write_atomically(_marker(self.identity()), hashlib.sha256(data).hexdigest().encode())
+        write_atomically(_marker(self.identity()), hashlib.sha256(data).hexdigest().encode())
         return {self._file: data}

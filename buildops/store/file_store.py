@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .._runtime.files import write_atomically
 from .interface import BuildStore, Lease, StoreError, check_key
 
 __all__ = ["FileStore"]
@@ -44,13 +45,9 @@ class FileStore(BuildStore):
             raise self._fail("get", error) from None
 
     def put(self, key: str, blob: bytes) -> None:
-        final = self._artifacts / check_key(key)
-        temporary = self._artifacts / f".{key}.{secrets.token_hex(8)}"
         try:
-            temporary.write_bytes(blob)
-            os.replace(temporary, final)
+            write_atomically(self._artifacts / check_key(key), blob)  # its temporary name starts with a dot
         except OSError as error:
-            temporary.unlink(missing_ok=True)
             raise self._fail("put", error) from None
 
     def claim(self, key: str, lease: float) -> Lease | None:
