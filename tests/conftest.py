@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from buildops import Build
+from buildops import Build, BuildConfig, DynamicSpec, lists_kernels
 
 WAIT = 10.0  # every wait in the tests has a timeout, so a bug fails instead of hanging
 
@@ -75,6 +75,16 @@ class Runs:
     def count(self, key=None):
         with self._lock:
             return len(self.calls) if key is None else self.calls.count(key)
+
+
+def op_listing(runs, name="op", **build_kwargs):
+    """An op with one build per call signature: key (name, x.shape[1]); dim 0 is swept "exact"."""
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x", name=name)
+    def op(x):
+        return x
+
+    op.lister(lambda x: [runs.build(name, (name, x.shape[1]), **build_kwargs)])
+    return op
 
 
 @pytest.fixture

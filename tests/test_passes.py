@@ -7,20 +7,10 @@ import pytest
 import torch
 
 import buildops
-from buildops import BuildConfig, BuildState, DynamicSpec, build_pass, lists_kernels, rehearsal, report, settings
+from buildops import BuildState, build_pass, rehearsal, report, settings
 from buildops._core.default import current_builder
 
-from conftest import WAIT
-
-
-def op_listing(runs, name="op", **build_kwargs):
-    """An op with one build per call signature: key (name, x.shape[1]); dim 0 is swept "exact"."""
-    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x", name=name)
-    def op(x):
-        return x
-
-    op.lister(lambda x: [runs.build(name, (name, x.shape[1]), **build_kwargs)])
-    return op
+from conftest import WAIT, op_listing
 
 
 def in_thread(fn):

@@ -9,25 +9,15 @@ import pytest
 import torch
 
 import buildops
-from buildops import BuildConfig, BuildState, DynamicSpec, build_pass, lists_kernels, rehearsal, report, settings
+from buildops import BuildState, build_pass, rehearsal, report, settings
 from buildops._core.default import default_builder
 from buildops.startup import rehearse_then_load
 
-from conftest import WAIT, waiting_on
+from conftest import WAIT, op_listing, waiting_on
 
 # How long a call whose builds were cancelled may take: it waits for nothing, so any bound well under WAIT (for
 # which a held build stays held) tells a prompt call from one that waits.
 PROMPT = 2.0
-
-
-def op_listing(runs, name="op", **build_kwargs):
-    """An op with one build per call signature: key (name, x.shape[1]); dim 0 is swept "exact"."""
-    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x", name=name)
-    def op(x):
-        return x
-
-    op.lister(lambda x: [runs.build(name, (name, x.shape[1]), **build_kwargs)])
-    return op
 
 
 @pytest.fixture

@@ -2,13 +2,17 @@
 it). The same contract for both: whole values, exclusive claims with leases, keys that name nothing else."""
 
 import hashlib
+import json
+import struct
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
 from buildops.store import StoreError, open_store
-from buildops.store.packing import BadArtifact, pack, unpack
+from buildops.store.packing import MAGIC, BadArtifact, pack, unpack
 
 from conftest import WAIT, until
 
@@ -68,22 +72,27 @@ def test_an_unrenewed_lease_lapses_and_a_renewed_one_does_not(store):
     assert store.claim(key("lapsing"), lease=30) is None
 
 
-def test_two_threads_claiming_one_key_get_one_lease(store):
+def claimed_at_once(store, name, claimers=8):
+    """The leases ``claimers`` threads, released together, got on one key."""
     won = []
-    start = threading.Barrier(8)
+    start = threading.Barrier(claimers)
 
     def claim():
         start.wait(WAIT)
-        lease = store.claim(key("contended"), lease=30)
+        lease = store.claim(key(name), lease=30)
         if lease is not None:
             won.append(lease)
 
-    threads = [threading.Thread(target=claim) for _ in range(8)]
+    threads = [threading.Thread(target=claim) for _ in range(claimers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(WAIT)
-    assert len(won) == 1
+    return won
+
+
+def test_threads_claiming_one_key_at_once_get_one_lease(store):
+    assert len(claimed_at_once(store, "contended")) == 1
 
 
 @pytest.mark.parametrize("bad", ["../escape", "/etc/passwd", "*", "k" * 64, ""])
@@ -115,11 +124,6 @@ def test_unpack_refuses_anything_not_whole_and_intact():
 
 
 def test_unpack_refuses_a_crafted_path_in_the_header():
-    import json
-    import struct
-
-    from buildops.store.packing import MAGIC
-
     header = json.dumps({"key": key("a"), "files": [["../../etc/cron.d/x", 1, hashlib.sha256(b"x").hexdigest()]]})
     blob = MAGIC + struct.pack(">Q", len(header)) + header.encode() + b"x"
     with pytest.raises(BadArtifact, match="plain relative path"):
@@ -191,9 +195,6 @@ def test_an_upload_cut_off_midway_fails_and_leaves_no_part_of_it(fresh_redis_ser
 
 
 def test_two_processes_claiming_one_key_get_one_lease(redis_url, tmp_path):
-    import subprocess
-    import sys
-
     go = tmp_path / "go"
     claim = (f"import os, sys, time\nfrom buildops.store import open_store\nstore = open_store({redis_url!r})\n"
              f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
@@ -208,21 +209,7 @@ def test_two_processes_claiming_one_key_get_one_lease(redis_url, tmp_path):
 def test_a_lapsed_claim_is_taken_over_by_one_claimer(store):
     assert store.claim(key("lapsing"), lease=0.2) is not None
     time.sleep(0.4)
-    won = []
-    start = threading.Barrier(8)
-
-    def claim():
-        start.wait(WAIT)
-        lease = store.claim(key("lapsing"), lease=30)
-        if lease is not None:
-            won.append(lease)
-
-    threads = [threading.Thread(target=claim) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(WAIT)
-    assert len(won) == 1
+    assert len(claimed_at_once(store, "lapsing")) == 1
 
 
 def test_a_lease_taken_over_is_not_renewed_and_its_release_spares_the_new_claim(store):

@@ -2,6 +2,9 @@
 has its own library cache; the store is the only thing they share."""
 
 import logging
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -144,10 +147,6 @@ def test_a_lease_is_renewed_while_a_long_build_runs(store_url, tmp_path):
 
 def test_a_store_that_stops_answering_while_claims_are_held_costs_one_timeout(fresh_redis_server, tmp_path,
                                                                               caplog):
-    import os
-    import signal
-    import threading
-
     node = Node(tmp_path / "a")
     gate = threading.Event()
     builder = node_builder(fresh_redis_server.url, threads=3, store_timeout=0.5)
@@ -171,7 +170,7 @@ def test_a_store_that_stops_answering_while_claims_are_held_costs_one_timeout(fr
 
 def test_a_claim_file_that_is_not_a_token_does_not_stop_the_builder(tmp_path):
     node = Node(tmp_path / "a")
-    gate = __import__("threading").Event()
+    gate = threading.Event()
     url = f"file://{tmp_path / 'store'}"
     builder = node_builder(url)
     first = builder.submit(node.build("k", gate=gate))
