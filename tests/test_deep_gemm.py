@@ -71,22 +71,27 @@ def test_every_shape_runs_at_every_m(calls, executor):
         assert buildops.join(timeout=WAIT * 6)
     seen = calls()
     assert report().total("failed") == 0
-    dense = sorted(c["m"] for c in seen if c["fn"] == "fp8_gemm_nt")
+    dense = sorted(c["m"] for c in seen if c["fn"] == "fp8_fp4_gemm_nt")
     assert dense == list(range(1, 21))
-    contiguous = [c for c in seen if c["fn"] == "m_grouped_fp8_gemm_nt_contiguous"]
-    assert len(contiguous) == 20 and {c["m"] for c in contiguous} == {128} and contiguous[0]["e"] == 3
-    masked = sorted(c["m"] for c in seen if c["fn"] == "m_grouped_fp8_gemm_nt_masked")
+    # the contiguous kind's 20 Ms pad to the same 128 rows: DeepGEMM sees one problem, run once
+    contiguous = [c for c in seen if c["fn"] == "m_grouped_fp8_fp4_gemm_nt_contiguous"]
+    assert [(c["m"], c["e"]) for c in contiguous] == [(128, 3)]
+    masked = sorted(c["m"] for c in seen if c["fn"] == "m_grouped_fp8_fp4_gemm_nt_masked")
     assert masked == list(range(1, 21))
     pids = {c["pid"] for c in seen}
     assert (pids == {os.getpid()}) == (executor == "threads")  # processes: the runs happened elsewhere
 
 
-def test_a_worker_gives_its_cached_gpu_memory_back_after_each_run(monkeypatch):
+def test_a_worker_gives_its_cached_gpu_memory_back_after_each_run(fake, monkeypatch):
     """In a worker process, what the operands took stays in torch's cache unless emptied, out of reach of the
     engine and of the gate's checks elsewhere. Here in-process, with the GPU faked: the run, then the emptying."""
-    from buildops.backends import deep_gemm
+    import contextlib
 
+    from buildops.backends import deep_gemm, deep_gemm_knobs
+
+    monkeypatch.setattr(deep_gemm_knobs, "_worker_defaults", {})  # what a worker notes of its settings
     events = []
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("emptied"))
     monkeypatch.setattr(deep_gemm, "run_admitted", lambda *args: events.append("ran"))
     deep_gemm.run_shape_in_worker("fake_deep_gemm", GemmShape("dense", 256, 128), [1, 2], "cuda:0", 0)
@@ -101,7 +106,7 @@ def test_a_family_queues_builds_when_the_model_is_created(calls):
         with settings.scope(executor="threads"):
             futures = model_created(MoE(), {"max_tokens": 8})  # no pass: straight to the builder
             assert len(futures) == 3 and buildops.join(timeout=WAIT)
-            assert len(calls()) == 2 * len(m_values(8, 512)) + len(m_values(8, 384))
+            assert len(calls()) == 2 * len(m_values(8, 512)) + 1  # the experts' Ms all pad to 128 rows
             with buildops.rehearsal("startup"):
                 assert len(model_created(MoE(), {"max_tokens": 16})) == 3
             assert buildops.join(timeout=WAIT)
@@ -266,3 +271,285 @@ def test_the_memory_gate_waits_for_other_processes_and_not_for_dead_ones(tmp_pat
     finally:
         other.kill()
         other.wait()
+
+
+# -- the fake follows DeepGEMM ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    """The fake DeepGEMM with a cache of its own, its process-global settings put back after the test."""
+    import fake_deep_gemm
+
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "dg"))
+    knobs = dict(fake_deep_gemm._knobs)
+    yield fake_deep_gemm
+    fake_deep_gemm._knobs.update(knobs)
+
+
+def kernels(tmp_path, name=None):
+    """The fake's cache entries under tmp_path/dg: {entry: its config}, of one kernel or all."""
+    found = {}
+    for entry in (tmp_path / "dg" / "cache").glob("kernel.*"):
+        config = json.loads((entry / "kernel.cu").read_text().removeprefix("// config: "))
+        if name is None or config["kernel"] == name:
+            found[entry.name] = config
+    return found
+
+
+def dense_operands(m, n, k):
+    kb, nb = -(-k // 128), -(-n // 128)
+    fp8 = torch.float8_e4m3fn
+    return ((torch.zeros(m, k).to(fp8), torch.ones(m, kb)), (torch.zeros(n, k).to(fp8), torch.ones(nb, kb)),
+            torch.empty(m, n, dtype=torch.bfloat16))
+
+
+def test_the_fake_has_deep_gemms_signatures_and_names(fake):
+    import inspect
+
+    def parameters(fn):
+        return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    empty = inspect.Parameter.empty
+    recipes = [("recipe", None), ("recipe_a", None), ("recipe_b", None), ("compiled_dims", "nk"),
+               ("disable_ue8m0_cast", False)]
+    assert parameters(fake.fp8_gemm_nt) == [("a", empty), ("b", empty), ("d", empty), ("c", None), *recipes]
+    assert parameters(fake.m_grouped_fp8_gemm_nt_contiguous) == [
+        ("a", empty), ("b", empty), ("d", empty), ("grouped_layout", empty), *recipes, ("use_psum_layout", False),
+        ("ensure_zero_padding", True), ("expected_m_for_psum_layout", None)]
+    assert parameters(fake.m_grouped_fp8_gemm_nt_masked) == [
+        ("a", empty), ("b", empty), ("d", empty), ("masked_m", empty), ("expected_m", empty), *recipes]
+    # DeepGEMM binds the fp8 names to its fp8_fp4 functions
+    assert fake.fp8_gemm_nt.__name__ == "fp8_fp4_gemm_nt"
+    assert fake.m_grouped_fp8_gemm_nt_contiguous is fake.m_grouped_fp8_fp4_gemm_nt_contiguous
+    assert fake.m_grouped_fp8_gemm_nt_masked is fake.m_grouped_fp8_fp4_gemm_nt_masked
+
+
+def test_the_fake_checks_operands_as_deep_gemms_sm90_kernels_do(fake, tmp_path):
+    fp8 = torch.float8_e4m3fn
+    (a, sfa), (b, sfb), d = dense_operands(64, 256, 256)
+    fake.fp8_gemm_nt((a, sfa), (b, sfb), d)
+    bad = {
+        "K-major": lambda: fake.fp8_gemm_nt((a.T.contiguous().T, sfa), (b, sfb), d),
+        "N-major": lambda: fake.fp8_gemm_nt((a, sfa), (b, sfb), torch.empty(256, 64, dtype=torch.bfloat16).T),
+        "rows": lambda: fake.fp8_gemm_nt((a, sfa[:32]), (b, sfb), d),
+        "columns": lambda: fake.fp8_gemm_nt((a, sfa), (b, torch.ones(2, 3)), d),
+        "does not accumulate": lambda: fake.fp8_gemm_nt((a, sfa), (b, sfb), d, c=d),
+        "writes bf16": lambda: fake.fp8_gemm_nt((a, sfa), (b, sfb), torch.empty(64, 256)),
+        "fp32": lambda: fake.fp8_gemm_nt((a, sfa.double()), (b, sfb), d),
+    }
+    for what, call in bad.items():
+        with pytest.raises(RuntimeError, match=what):
+            call()
+    fake.fp8_gemm_nt((a, sfa), (torch.zeros(256, 256).to(fp8), torch.ones(256, 2)), torch.empty(64, 256),
+                     c=torch.zeros(64, 256), recipe=(1, 1, 128))  # the 1D1D kernel takes fp32 and accumulates
+    before = set(kernels(tmp_path))
+    fake.fp8_gemm_nt((a[:0], sfa[:0]), (b, sfb), d[:0])  # empty: returns before compiling anything
+    assert set(kernels(tmp_path)) == before
+
+    experts = (torch.zeros(2, 256, 256).to(fp8), torch.ones(2, 2, 2))
+    layout = torch.tensor([0] * 100 + [-1] * 28 + [1] * 128, dtype=torch.int32)  # padding rows are -1
+    a256, sfa256 = torch.zeros(256, 256).to(fp8), torch.ones(256, 2)
+    d256 = torch.empty(256, 256, dtype=torch.bfloat16)
+    fake.m_grouped_fp8_gemm_nt_contiguous((a256, sfa256), experts, d256, layout)
+    for what, grouped_layout in {"int32": layout.long(), "contiguous": torch.stack([layout, layout], 1)[:, 0],
+                                 r"\[-1, 2\)": layout.clone().fill_(2),
+                                 "not a multiple of 128": torch.tensor([0] * 64 + [1] * 192, dtype=torch.int32)
+                                 }.items():
+        with pytest.raises(RuntimeError, match=what):
+            fake.m_grouped_fp8_gemm_nt_contiguous((a256, sfa256), experts, d256, grouped_layout)
+    # the rule is the alignment in force, not M % 128
+    fake.set_mk_alignment_for_contiguous_layout(64)
+    fake.m_grouped_fp8_gemm_nt_contiguous((a256[:192], sfa256[:192]), experts, d256[:192],
+                                          torch.tensor([0] * 64 + [1] * 100 + [-1] * 28, dtype=torch.int32))
+
+    a3, sfa3, d3 = torch.zeros(2, 32, 256).to(fp8), torch.ones(2, 32, 2), torch.empty(2, 32, 256, dtype=torch.bfloat16)
+    masked_m = torch.tensor([32, 7], dtype=torch.int32)
+    fake.m_grouped_fp8_gemm_nt_masked((a3, sfa3), experts, d3, masked_m, 16)
+    for what, args in {"shape \\(2,\\)": (masked_m[:1], 16), "int32": (masked_m.long(), 16),
+                       "positive": (masked_m, 0)}.items():
+        with pytest.raises(RuntimeError, match=what):
+            fake.m_grouped_fp8_gemm_nt_masked((a3, sfa3), experts, d3, *args)
+
+
+def test_the_fakes_kernels_are_named_as_deep_gemms_and_many_ms_share_one(fake, tmp_path, calls):
+    shapes = [GemmShape("dense", 256, 384), GemmShape("contiguous", 256, 384, 3), GemmShape("masked", 256, 384, 2)]
+    with settings.scope(executor="threads"):
+        for build in deep_gemm_builds(shapes, 300, mode="full", module="fake_deep_gemm", device="cpu"):
+            build.run()
+    assert len(calls()) == 300 + 3 + 300  # contiguous: 300 tokens pad to 128, 256 and 384 rows
+    # a dense kernel per block height (16, 32, 64, 128 rows), one for all the contiguous calls (the alignment is
+    # the block height), one per masked block height (64, 128)
+    assert sorted(c["block_m"] for c in kernels(tmp_path, "sm90_fp8_gemm_1d2d").values()) == [16, 32, 64, 128]
+    assert [c["block_m"] for c in kernels(tmp_path, "sm90_m_grouped_fp8_gemm_contiguous_1d2d").values()] == [128]
+    assert sorted(c["block_m"] for c in kernels(tmp_path, "sm90_fp8_m_grouped_gemm_masked_1d2d").values()) == [64, 128]
+    # the row-major scales of the activations: transposed by one kernel per ceil(K / 128), shared by all
+    assert [c["sf_k"] for c in kernels(tmp_path, "transpose_fp32").values()] == [3]
+    assert len(kernels(tmp_path)) == 4 + 1 + 2 + 1
+    assert all(name.startswith(f"kernel.{c['kernel']}.") for name, c in kernels(tmp_path).items())
+
+
+def test_scales_deep_gemm_needs_not_transpose_compile_no_transpose(fake, tmp_path):
+    (a, _), b, d = dense_operands(30, 256, 384)
+    mn_major = torch.ones(3, 32).T[:30]  # MN-major, rows padded to a multiple of 4: TMA-aligned
+    fake.fp8_gemm_nt((a, mn_major), b, d)
+    assert list(kernels(tmp_path, "transpose_fp32")) == [] and len(kernels(tmp_path)) == 1
+
+
+def test_operand_bytes_count_deep_gemms_copy_of_the_scales():
+    kb = 3  # K = 384
+    assert GemmShape("dense", 256, 384).operand_bytes(5) == (
+        5 * 384 + 5 * kb * 4 + 8 * kb * 4 + 256 * 384 + 2 * kb * 4 + 5 * 256 * 2 + 4)
+    masked = GemmShape("masked", 256, 384, 2)
+    assert masked.operand_bytes(5) == (
+        10 * 384 + 10 * kb * 4 + 2 * 8 * kb * 4 + 2 * (256 * 384 + 2 * kb * 4) + 10 * 256 * 2 + 2 * 4)
+    contiguous = GemmShape("contiguous", 256, 384, 2)
+    assert contiguous.operand_bytes(5, align_m=64) == (
+        64 * 384 + 2 * 64 * kb * 4 + 2 * (256 * 384 + 2 * kb * 4) + 64 * 256 * 2 + 64 * 4)
+
+
+# -- the engine's DeepGEMM settings in the workers -----------------------------------------------------------------
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_builds_run_with_the_engines_deep_gemm_settings(fake, tmp_path, calls, executor):
+    fake.set_num_sms(100)
+    fake.set_mk_alignment_for_contiguous_layout(64)
+    shapes = [GemmShape("dense", 256, 128), GemmShape("contiguous", 256, 128, 3)]
+    builds = deep_gemm_builds(shapes, 100, mode="full", module="fake_deep_gemm", device="cpu")
+    with settings.scope(executor=executor):
+        for build in builds:
+            buildops._core.default.default_builder().submit(build)
+        assert buildops.join(timeout=WAIT * 6)
+    assert report().total("failed") == 0
+    assert {c["num_sms"] for c in kernels(tmp_path, "sm90_fp8_gemm_1d2d").values()} == {100}
+    [contiguous] = kernels(tmp_path, "sm90_m_grouped_fp8_gemm_contiguous_1d2d").values()
+    assert (contiguous["block_m"], contiguous["num_sms"]) == (64, 100)
+    # the rows follow the alignment: each expert's rows start at a multiple of 64, the last block's tail is -1
+    assert [c["m"] for c in calls() if c["fn"] == "m_grouped_fp8_fp4_gemm_nt_contiguous"] == [64, 128]
+    fake.set_num_sms(0)  # back to the default: other kernels, another build
+    again = deep_gemm_builds(shapes[:1], 100, mode="full", module="fake_deep_gemm", device="cpu")
+    assert again[0].key != builds[0].key and again[0].artifact.identity() != builds[0].artifact.identity()
+
+
+def test_a_worker_puts_back_its_defaults_for_a_build_that_gives_none(fake, tmp_path, calls, monkeypatch):
+    """A worker runs builds made under different settings in turn: one the engine gave no settings (it had not
+    imported DeepGEMM) runs with the defaults, not with the previous build's."""
+    from buildops.backends import deep_gemm, deep_gemm_knobs
+
+    monkeypatch.setattr(deep_gemm_knobs, "_worker_defaults", {})
+    shape = GemmShape("dense", 256, 128)
+    deep_gemm.run_shape_in_worker("fake_deep_gemm", shape, [8], "cpu", 0, (("num_sms", 100),))
+    deep_gemm.run_shape_in_worker("fake_deep_gemm", shape, [8], "cpu", 0, ())
+    assert sorted(c["num_sms"] for c in kernels(tmp_path, "sm90_fp8_gemm_1d2d").values()) == [100, 132]
+
+
+def test_only_settings_changed_from_deep_gemms_defaults_are_taken(fake, monkeypatch):
+    """At the defaults, the builds' keys are the same whether or not the process imported DeepGEMM, so that a node
+    that did not (a build-only node) shares its builds with one that did."""
+    import sys
+
+    from buildops.backends.deep_gemm_knobs import engine_knobs
+
+    def key():
+        return deep_gemm_builds([GemmShape("dense", 256, 128)], 8, module="fake_deep_gemm", device="cpu")[0].key
+
+    assert engine_knobs("fake_deep_gemm") == ()
+    imported = key()
+    with monkeypatch.context() as not_imported:
+        not_imported.delitem(sys.modules, "fake_deep_gemm")
+        assert engine_knobs("fake_deep_gemm") == () and key() == imported
+    fake.set_tc_util(80)
+    fake.set_mk_alignment_for_contiguous_layout(64)
+    assert engine_knobs("fake_deep_gemm") == (("tc_util", 80), ("mk_alignment_for_contiguous_layout", 64))
+    assert key() != imported
+    monkeypatch.delattr(fake, "set_tc_util")  # a getter without its setter cannot be mirrored
+    assert engine_knobs("fake_deep_gemm") == (("mk_alignment_for_contiguous_layout", 64),)
+
+
+# -- identity ------------------------------------------------------------------------------------------------------
+
+def test_the_identity_covers_deep_gemms_include_dir(fake, monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from buildops.backends import deep_gemm_entries
+
+    assert deep_gemm_entries._include_dir("fake_deep_gemm") == str(Path(fake.__file__).parent / "include")
+
+    def identity():
+        [build] = deep_gemm_builds([GemmShape("dense", 256, 128)], 8, module="fake_deep_gemm", device="cpu")
+        return build.artifact.identity()
+
+    here = identity()
+    monkeypatch.setattr(fake, "__file__", str(tmp_path / "elsewhere" / "fake_deep_gemm.py"))
+    assert identity() != here  # another install path: DeepGEMM's hashes differ, so must the entries' identity
+
+
+def test_nvcc_is_found_as_deep_gemm_finds_it(monkeypatch, tmp_path):
+    from buildops.backends import deep_gemm_entries
+
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.9'\n")
+    nvcc.chmod(0o755)
+    for name in ("CUDA_HOME", "CUDA_PATH", "DG_JIT_NVCC_COMPILER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", f"{nvcc.parent}:{os.environ['PATH']}")
+    assert deep_gemm_entries._cuda_home() == str(tmp_path / "cuda")
+    assert deep_gemm_entries._nvcc_version() == "Cuda compilation tools, release 12.9"
+    monkeypatch.setenv("CUDA_PATH", "/opt/cuda-from-path-variable")
+    assert deep_gemm_entries._cuda_home() == "/opt/cuda-from-path-variable"
+
+
+# -- late compiles -------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def watched_fake(fake, monkeypatch):
+    """The fake, watched for late compiles as ``deep_gemm`` is (the watcher is registered for that name)."""
+    from buildops._core import extensions
+    from buildops.backends.deep_gemm_late import note_module
+
+    monkeypatch.setattr(extensions, "_watchers", list(extensions._watchers))
+    extensions.add_late_watcher("fake_deep_gemm", "buildops.backends.deep_gemm_late:watch_late_compiles")
+    note_module("fake_deep_gemm")  # as a build of it does
+    return fake
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_a_deep_gemm_kernel_compiled_after_a_pass_is_a_late_compile(watched_fake, tmp_path, calls, executor):
+    fake = watched_fake
+    taken_early = fake.fp8_gemm_nt  # a reference taken before the watch: not watched
+    with settings.scope(executor=executor), build_pass("warmup"):
+        for build in deep_gemm_builds([GemmShape("dense", 256, 384)], 64, mode="relaxed", module="fake_deep_gemm",
+                                      device="cpu"):
+            buildops._core.default.default_builder().submit(build)
+        assert buildops.join(timeout=WAIT * 6)
+    assert report().total("failed") == 0 and kernels(tmp_path)
+
+    fake.fp8_gemm_nt(*dense_operands(20, 256, 384))  # an M inside the sweep: its kernel is there
+    assert buildops.late_compiles() == []
+    fake.fp8_gemm_nt(*dense_operands(20, 512, 384))  # another N: a kernel no build made
+    [late] = buildops.late_compiles()
+    assert (late.library, late.kernel, late.ops) == ("deep_gemm", "sm90_fp8_gemm_1d2d", ("deep_gemm",))
+    assert late.variant in kernels(tmp_path, "sm90_fp8_gemm_1d2d") and "test_deep_gemm.py" in late.where
+    assert calls()[-1]["compiled"] == [late.variant]
+
+    taken_early(*dense_operands(20, 640, 384))
+    assert len(buildops.late_compiles()) == 1
+    with settings.scope(late_compile="error"), pytest.raises(buildops.LateCompileError, match="sm90_fp8_gemm_1d2d"):
+        fake.fp8_gemm_nt(*dense_operands(20, 768, 384))
+    buildops.testing.reset()  # the watch goes
+    assert fake.fp8_gemm_nt is fake.fp8_fp4_gemm_nt and not hasattr(fake.fp8_gemm_nt, "__wrapped__")
+
+
+def test_a_call_during_a_deep_gemm_build_reports_nothing(watched_fake, tmp_path):
+    """An entry that appears while a build of this process runs may be the build's (which takes it)."""
+    from buildops.backends.deep_gemm_entries import making_entries
+
+    fake = watched_fake
+    with build_pass("warmup"):
+        pass
+    assert fake.fp8_gemm_nt.__wrapped__ is fake.fp8_fp4_gemm_nt.__wrapped__  # each name wrapped
+    with making_entries():
+        fake.fp8_gemm_nt(*dense_operands(20, 256, 384))
+    assert buildops.late_compiles() == [] and kernels(tmp_path)
+    fake.fp8_gemm_nt(*dense_operands(20, 256, 512))  # none under way: a late compile, of the GEMM and transpose
+    assert sorted(late.kernel for late in buildops.late_compiles()) == ["sm90_fp8_gemm_1d2d", "transpose_fp32"]

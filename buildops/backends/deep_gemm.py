@@ -12,6 +12,9 @@ which fill DeepGEMM's disk cache; the process's own first call then loads the ke
 (docs/decisions/0013-deep-gemm-in-worker-processes.md). ``BUILDOPS_EXECUTOR=threads`` keeps them on the builder's
 threads instead.
 
+DeepGEMM's process-global settings (``set_num_sms`` and the like) as this process has them when the builds are
+made are part of each build's key and are set in the worker before it runs (:mod:`.deep_gemm_knobs`).
+
 Imported on demand; ``deep_gemm`` itself is imported only when a build runs.
 """
 
@@ -31,7 +34,10 @@ from .._config import settings
 from .._core.build import Build
 from .._runtime.gpu import run_admitted
 from .._runtime.pools import WorkerPool
-from .deep_gemm_entries import DeepGemmEntries, entry_names
+from .deep_gemm_entries import DeepGemmEntries, entry_names, making_entries
+from .deep_gemm_knobs import DEFAULT_SMS as _DEFAULT_SMS
+from .deep_gemm_knobs import Knobs, contiguous_alignment, device_sms, engine_knobs, on_device, set_in_worker
+from .deep_gemm_late import note_built, note_module
 
 __all__ = ["DeepGemmFamily", "GemmShape", "deep_gemm_builds", "find_gemm_shapes", "m_values"]
 
@@ -41,14 +47,13 @@ KINDS = {
     "masked": "m_grouped_fp8_gemm_nt_masked",
 }
 _BLOCK = 128        # DeepGEMM's scaling block along N and K
-_ALIGN_M = 128      # row alignment of each expert's block in the contiguous layout
+_ALIGN_M = 128      # DeepGEMM's default alignment of each expert's rows in the contiguous layout
 
 # What the relaxed M sweep (m_values) knows of DeepGEMM's heuristics:
 _SMALL_MS = (1, 2, 4, *range(8, 65, 8))   # small Ms, each of which may pick its own kernel
 _BLOCK_MS = (64, 128, 256)                # its block heights
 _BLOCK_N_STEP, _BLOCK_N_MAX = 16, 256     # its block widths: multiples of 16 up to 256
 _MAX_WAVES = 10                           # the whole waves of the GPU's multiprocessors the sweep covers
-_DEFAULT_SMS = 132                        # multiprocessors of an H100 or H200, where no GPU says
 
 # Worker processes at most: each holds a CUDA context (hundreds of MiB), and DeepGEMM's nvcc runs use several cores.
 _MAX_WORKERS = 4
@@ -82,21 +87,29 @@ class GemmShape:
         if self.kind == "dense" and self.experts != 1:
             raise ValueError("GemmShape('dense') has no experts")
 
-    def operand_bytes(self, m: int) -> int:
-        """Bytes of the dummy operands for ``m`` rows (tokens; per expert for ``masked``)."""
+    def operand_bytes(self, m: int, align_m: int = _ALIGN_M) -> int:
+        """Bytes of the dummy operands for ``m`` rows (tokens; per expert for ``masked``), and of the copy of the
+        activations' scales DeepGEMM makes in each call; ``align_m``: the contiguous layout's row alignment."""
         kb, nb = math.ceil(self.k / _BLOCK), math.ceil(self.n / _BLOCK)
-        rows = _rows(self, m)
-        a = rows * self.k + rows * kb * 4                      # fp8 activations and their fp32 scales
+        rows = _rows(self, m, align_m)
+        # DeepGEMM's MN-major copy of the scales: each group's rows padded to a multiple of 4 (16 bytes)
+        scale_rows = self.experts * _align(m, 4) if self.kind == "masked" else _align(rows, 4)
+        a = rows * self.k + (rows + scale_rows) * kb * 4       # fp8 activations, their fp32 scales and the copy
         b = self.experts * (self.n * self.k + nb * kb * 4)     # fp8 weights and their fp32 scales
         d = rows * self.n * 2                                  # bf16 output
-        return a + b + d + rows * 4
+        return a + b + d + (rows * 4 if self.kind == "contiguous" else self.experts * 4)
 
 
-def _rows(shape: GemmShape, m: int) -> int:
+def _align(x: int, to: int) -> int:
+    return math.ceil(x / to) * to
+
+
+def _rows(shape: GemmShape, m: int, align_m: int = _ALIGN_M) -> int:
+    """The rows of a call's activations: ``m``, ``m`` padded to ``align_m`` (contiguous), or ``m`` per expert."""
     if shape.kind == "masked":
         return shape.experts * m
     if shape.kind == "contiguous":
-        return math.ceil(m / _ALIGN_M) * _ALIGN_M
+        return _align(m, align_m)
     return m
 
 
@@ -164,16 +177,18 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else _DEFAULT_SMS
+    knobs = engine_knobs(module, device)
+    sms = dict(knobs).get("num_sms") or device_sms(device)
+    note_module(module)
     builds: dict[tuple, Build] = {}
     for shape in shapes:
         ms = m_values(max_tokens, shape.n, mode, sms)
         if not ms:
             continue
-        key = ("deep_gemm", module, shape, ms, str(device))
+        key = ("deep_gemm", module, shape, ms, knobs, str(device))
         label = f"{KINDS[shape.kind]} E={shape.experts} N={shape.n} K={shape.k} x {len(ms)} M"
-        run = _GemmRun(module, shape, ms, str(device))
-        artifact = DeepGemmEntries(("deep_gemm", module, shape, ms), module, str(device), run)
+        run = _GemmRun(module, shape, ms, str(device), op, knobs)
+        artifact = DeepGemmEntries(("deep_gemm", module, shape, ms, knobs), module, str(device), run)
         builds[key] = Build(op, key, run, uses_gpu=device.type == "cuda", label=label, library="deep_gemm",
                             artifact=artifact)
     return list(builds.values())
@@ -213,6 +228,8 @@ class _GemmRun:
     shape: GemmShape
     ms: tuple[int, ...]
     device: str
+    op: str
+    knobs: Knobs  # engine_knobs(): set in a worker before it runs
     given_up: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
     in_worker: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
     entries: set[str] = field(default_factory=set, compare=False, repr=False)  # new in DeepGEMM's cache (store)
@@ -224,11 +241,14 @@ class _GemmRun:
             _pool.stop_workers()
 
     def __call__(self) -> None:
-        before = entry_names()
-        try:
-            self._run()
-        finally:
-            self.entries.update(entry_names() - before)
+        with making_entries():
+            before = entry_names()
+            try:
+                self._run()
+            finally:
+                made = entry_names() - before
+                self.entries.update(made)
+                note_built(self.op, made)
 
     def _run(self) -> None:
         reserve = settings.gpu_reserve_mb  # read here: a worker process does not see this process's overrides
@@ -238,44 +258,55 @@ class _GemmRun:
         self.in_worker.set()
         try:
             _pool.run(str(self.shape), run_shape_in_worker, self.module, self.shape, self.ms, self.device, reserve,
-                      given_up=self.given_up)
+                      self.knobs, given_up=self.given_up)
         finally:
             self.in_worker.clear()
 
 
-def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int) -> int:
-    """Run ``shape``'s entry point at every M (in whatever process this is); returns the number of runs."""
+def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int,
+              knobs: Sequence[tuple[str, Any]] | None = None) -> int:
+    """Run ``shape``'s entry point at every M (in whatever process this is); returns the number of runs.
+    ``knobs``: DeepGEMM settings to set first (a worker's only, never the engine's: :mod:`.deep_gemm_knobs`)."""
     deep_gemm = importlib.import_module(module)
     entry = getattr(deep_gemm, KINDS[shape.kind])
     dev = torch.device(device)
+    with on_device(dev):
+        if knobs is not None:
+            set_in_worker(deep_gemm, module, knobs)
+        align_m = contiguous_alignment(deep_gemm)
     m_max = max(ms)
+    # The contiguous kind's calls see rows, not tokens: Ms that pad to the same rows are one call.
+    calls = sorted({_rows(shape, m, align_m) for m in ms}) if shape.kind == "contiguous" else list(ms)
 
     def make():
-        return _operands(shape, m_max, dev)
+        return _operands(shape, m_max, dev, align_m)
 
     def run(operands):
-        for m in ms:
+        for m in calls:
             _call(entry, shape, operands, m)
 
     # The reserve as an argument, not a settings.scope: scopes are process-wide, and builds run side by side.
-    run_admitted(dev, shape.operand_bytes(m_max), make, run, f"DeepGEMM {KINDS[shape.kind]} {shape}", reserve_mb)
-    return len(ms)
+    run_admitted(dev, shape.operand_bytes(m_max, align_m), make, run, f"DeepGEMM {KINDS[shape.kind]} {shape}",
+                 reserve_mb)
+    return len(calls)
 
 
-def run_shape_in_worker(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int) -> int:
-    """:func:`run_shape` in a build worker process, whose cached GPU memory then goes back to the driver. Torch
-    keeps freed operands' memory cached in the process that freed them, where only that process can use it: the
-    engine, and the gate's checks in the node's other processes, see what the driver has free."""
+def run_shape_in_worker(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int,
+                        knobs: Sequence[tuple[str, Any]] = ()) -> int:
+    """:func:`run_shape` in a build worker process, with DeepGEMM's settings as ``knobs`` gives them (the others
+    at this worker's defaults), whose cached GPU memory then goes back to the driver. Torch keeps freed operands'
+    memory cached in the process that freed them, where only that process can use it: the engine, and the gate's
+    checks in the node's other processes, see what the driver has free."""
     try:
-        return run_shape(module, shape, ms, device, reserve_mb)
+        return run_shape(module, shape, ms, device, reserve_mb, knobs)
     finally:
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
 
 
-def _operands(shape: GemmShape, m_max: int, device: torch.device) -> dict:
+def _operands(shape: GemmShape, m_max: int, device: torch.device, align_m: int) -> dict:
     fp8, kb, nb = torch.float8_e4m3fn, math.ceil(shape.k / _BLOCK), math.ceil(shape.n / _BLOCK)
-    rows = _rows(shape, m_max)
+    rows = _rows(shape, m_max, align_m)
     if shape.kind == "masked":
         a_shape, d_shape = (shape.experts, m_max, shape.k), (shape.experts, m_max, shape.n)
         a_scale = (shape.experts, m_max, kb)
@@ -283,23 +314,29 @@ def _operands(shape: GemmShape, m_max: int, device: torch.device) -> dict:
         a_shape, d_shape, a_scale = (rows, shape.k), (rows, shape.n), (rows, kb)
     b_shape = (shape.n, shape.k) if shape.kind == "dense" else (shape.experts, shape.n, shape.k)
     b_scale = (nb, kb) if shape.kind == "dense" else (shape.experts, nb, kb)
-    return {
+    operands = {
         "a": torch.empty(a_shape, dtype=fp8, device=device),
-        "a_scale": torch.ones(a_scale, dtype=torch.float32, device=device),
+        "a_scale": torch.ones(a_scale, dtype=torch.float32, device=device),  # row-major, as most engines pass it
         "b": torch.empty(b_shape, dtype=fp8, device=device),
         "b_scale": torch.ones(b_scale, dtype=torch.float32, device=device),
         "d": torch.empty(d_shape, dtype=torch.bfloat16, device=device),
-        # contiguous layout: every block of _ALIGN_M rows belongs to one expert, all experts used in turn
-        "m_indices": (torch.arange(rows, device=device, dtype=torch.int32) // _ALIGN_M) % shape.experts,
     }
+    if shape.kind == "contiguous":
+        # Each block of align_m rows belongs to one expert, all experts in turn, so that every expert's rows start
+        # at a multiple of the alignment; the rows after the last token are padding (-1), as DeepGEMM's tests mark
+        # them. A prefix of whole blocks keeps that layout.
+        layout = (torch.arange(rows, device=device, dtype=torch.int32) // align_m) % shape.experts
+        layout[m_max:] = -1
+        operands["grouped_layout"] = layout
+    return operands
 
 
 def _call(entry, shape: GemmShape, o: dict, m: int) -> None:
+    """One call at ``m`` tokens (``contiguous``: ``m`` rows, a multiple of the alignment)."""
     if shape.kind == "dense":
         entry((o["a"][:m], o["a_scale"][:m]), (o["b"], o["b_scale"]), o["d"][:m])
     elif shape.kind == "contiguous":
-        rows = _rows(shape, m)
-        entry((o["a"][:rows], o["a_scale"][:rows]), (o["b"], o["b_scale"]), o["d"][:rows], o["m_indices"][:rows])
+        entry((o["a"][:m], o["a_scale"][:m]), (o["b"], o["b_scale"]), o["d"][:m], o["grouped_layout"][:m])
     else:
         masked_m = torch.full((shape.experts,), m, dtype=torch.int32, device=o["a"].device)
         entry((o["a"], o["a_scale"]), (o["b"], o["b_scale"]), o["d"], masked_m, m)

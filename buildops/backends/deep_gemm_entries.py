@@ -2,7 +2,8 @@
 
 DeepGEMM compiles each kernel into ``<DG_JIT_CACHE_DIR or ~/.deep_gemm>/cache/kernel.<name>.<hash>/`` (its source
 ``kernel.cu`` and ``kernel.cubin``), made whole in a temporary directory and renamed into place; the hash covers
-the kernel's code, nvcc's version and the compile flags (DeepGEMM's include path among them). A build's artifact is
+the kernel's code, nvcc's version and the compile flags (the absolute path of DeepGEMM's ``include`` directory among
+them, so entries made under one install path never hit under another). A build's artifact is
 the entries that appeared in that directory while it ran (builds that overlap may each take the others' entries
 too: entries are named by their contents, so an extra one is only never looked up). An install renames each whole
 entry into place as DeepGEMM does, so DeepGEMM never sees half an entry.
@@ -10,22 +11,26 @@ entry into place as DeepGEMM does, so DeepGEMM never sees half an entry.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib.util
 import os
 import platform
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import uuid
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .._runtime.forking import forget_in_child
 from .._runtime.toolchain import tool_version
 from .cache_entries import CacheEntries
 
-__all__ = ["DeepGemmEntries", "cache_root", "entry_names"]
+__all__ = ["DeepGemmEntries", "cache_root", "entries_being_made", "entry_names", "making_entries"]
 
 # What an entry must hold: DeepGEMM aborts the process on an entry directory that lacks either.
 _REQUIRED = ("kernel.cu", "kernel.cubin")
@@ -43,9 +48,47 @@ def entry_names() -> set[str]:
         return set()
 
 
+_making_lock = threading.Lock()
+_making = [0, 0]  # builds and installs of this process under way now, and begun ever
+
+
+@forget_in_child
+def _forget_making() -> None:
+    global _making_lock
+    _making_lock = threading.Lock()
+    _making[:] = [0, 0]  # a forked child runs none of its parent's builds
+
+
+@contextlib.contextmanager
+def making_entries() -> Iterator[None]:
+    """Mark a DeepGEMM build or store install of this process as adding entries to the cache while it runs."""
+    with _making_lock:
+        _making[0] += 1
+        _making[1] += 1
+    try:
+        yield
+    finally:
+        with _making_lock:
+            _making[0] -= 1
+
+
+def entries_being_made() -> tuple[int, int]:
+    """(builds and installs under way now, begun ever): what :func:`making_entries` has marked."""
+    with _making_lock:
+        return _making[0], _making[1]
+
+
+def _cuda_home() -> str:
+    # As DeepGEMM's _find_cuda_home: the environment, then the nvcc on PATH, then the usual place.
+    found = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if found:
+        return found
+    nvcc = shutil.which("nvcc")
+    return os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
+
+
 def _nvcc_version() -> str:
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    nvcc = os.environ.get("DG_JIT_NVCC_COMPILER") or str(Path(cuda_home) / "bin" / "nvcc")
+    nvcc = os.environ.get("DG_JIT_NVCC_COMPILER") or str(Path(_cuda_home()) / "bin" / "nvcc")
     try:
         return tool_version(shlex.quote(nvcc))
     except (OSError, subprocess.SubprocessError):
@@ -61,6 +104,19 @@ def _library_version(module: str) -> str:
         except metadata.PackageNotFoundError:
             continue
     return str(getattr(sys.modules.get(module), "__version__", "unknown"))
+
+
+def _include_dir(module: str) -> str:
+    """DeepGEMM's ``-I`` path, as its hash sees it (``<package>/include``), found without importing it."""
+    loaded = sys.modules.get(module)
+    path = getattr(loaded, "__file__", None) if loaded is not None else None
+    if path is None:
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            spec = None
+        path = spec.origin if spec is not None and spec.has_location else None
+    return str(Path(os.path.abspath(path)).parent / "include") if path else "no include dir"
 
 
 def _device_arch(device: str) -> str:
@@ -86,8 +142,8 @@ class DeepGemmEntries(CacheEntries):
         if self._identity is None:
             environment = sorted((k, v) for k, v in os.environ.items()
                                  if k.startswith("DG_") and k != "DG_JIT_CACHE_DIR")
-            described = (f"deep_gemm|{self.key!r}|{_library_version(self.module)}|{_device_arch(self.device)}|"
-                         f"{_nvcc_version()}|{environment!r}|{platform.machine()}")
+            described = (f"deep_gemm|{self.key!r}|{_library_version(self.module)}|{_include_dir(self.module)}|"
+                         f"{_device_arch(self.device)}|{_nvcc_version()}|{environment!r}|{platform.machine()}")
             self._identity = hashlib.sha256(described.encode()).hexdigest()
         return self._identity
 
@@ -96,6 +152,10 @@ class DeepGemmEntries(CacheEntries):
 
     def marker_root(self) -> Path:
         return cache_root()
+
+    def install(self, files: dict[str, bytes]) -> None:
+        with making_entries():  # a watched call meanwhile must not take these entries for its own compiles
+            super().install(files)
 
     def complete(self, entry: Path) -> bool:
         return all((entry / name).is_file() for name in _REQUIRED)

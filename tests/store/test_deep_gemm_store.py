@@ -39,7 +39,7 @@ def node(url, cache, log, monkeypatch, executor):
 @pytest.mark.parametrize("executor", ["threads", "processes"])
 def test_a_second_node_runs_deep_gemm_without_compiling(store_url, tmp_path, monkeypatch, executor):
     first, first_builder = node(store_url, tmp_path / "a", tmp_path / "a.jsonl", monkeypatch, executor)
-    assert first and all(call["compiled"] for call in first)
+    assert first and any(call["compiled"] for call in first)  # Ms that share a kernel compile it once
     assert first_builder.store_counts().stored == 2
     second, second_builder = node(store_url, tmp_path / "b", tmp_path / "b.jsonl", monkeypatch, executor)
     assert len(second) == len(first) and not any(call["compiled"] for call in second)  # every kernel was there

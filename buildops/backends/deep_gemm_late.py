@@ -1,0 +1,186 @@
+"""DeepGEMM kernels compiled on first use after a pass, seen as new entries of DeepGEMM's cache.
+
+DeepGEMM has no compile hook, but each compile renames a new ``kernel.<name>.<hash>`` directory into
+``<cache>/cache``, which changes that directory. :func:`watch_late_compiles` wraps DeepGEMM's public functions
+that may compile (a :class:`~buildops._runtime.patching.Patch` each): a call stats the directory before and after,
+and only when it changed lists it; each entry that appeared during the call is a late compile. Limits:
+
+- a reference taken before the watch (``from deep_gemm import fp8_gemm_nt`` at import) calls the original, unwatched;
+- a call that overlaps a DeepGEMM build or store install of this process reports nothing: the new entry may be
+  the build's, and it becomes part of that build's artifact;
+- the directory is shared by the node's processes: an entry another one adds during a call counts as the call's.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .._core.builder import on_builder_thread
+from .._core.late import LateCompile, LateCompileError, caller, record
+from .._runtime.forking import forget_in_child
+from .._runtime.hooks import on_reset
+from .._runtime.patching import Patch
+from .deep_gemm_entries import cache_root, entries_being_made
+
+__all__ = ["ENTRY_POINTS", "note_built", "note_module", "watch_late_compiles"]
+
+ENTRY_POINTS = (
+    "fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked",
+    "fp8_gemm_nt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt", "fp8_gemm_nt_skip_head_mid",
+    "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_masked",
+    "fp8_m_grouped_gemm_nt_masked", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
+    "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
+    "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_masked",
+    "bf16_m_grouped_gemm_nt_masked", "k_grouped_bf16_gemm_tn_contiguous",
+    "einsum", "fp8_einsum", "fp8_fp4_mqa_logits", "get_paged_mqa_logits_metadata", "fp8_fp4_paged_mqa_logits",
+    "fp8_mqa_logits", "fp8_paged_mqa_logits", "tf32_hc_prenorm_gemm", "fp8_fp4_mega_moe", "bf16_mega_moe",
+    "transform_sf_into_required_layout", "get_mn_major_tma_aligned_tensor",
+    "get_mn_major_tma_aligned_packed_ue8m0_tensor", "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
+)
+"""DeepGEMM's public functions that may compile a kernel (those a module has are watched)."""
+
+_ENTRY = "kernel."
+
+
+class _Watch:
+    """What the watch knows, under one lock: the modules to wrap, the patches held, each cache directory as last
+    listed, and the ops whose builds made entries of each kernel."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.modules: set[str] = {"deep_gemm"}
+        self.patches: dict[tuple[str, str], Patch] = {}
+        self.listed: dict[Path, tuple[Any, frozenset[str]]] = {}  # directory -> (its stat, its entries)
+        self.ops: dict[str, set[str]] = {}
+
+
+_watch = _Watch()
+
+
+@forget_in_child
+def _new_lock() -> None:
+    _watch.lock = threading.Lock()
+
+
+def note_module(module: str) -> None:
+    """Watch ``module`` too (the module a DeepGEMM build runs), from the end of the next pass."""
+    with _watch.lock:
+        _watch.modules.add(module)
+
+
+def note_built(op: str, entries: Iterable[str]) -> None:
+    """Note that a build of ``op`` made ``entries``, so that a late compile of their kernels names the op."""
+    with _watch.lock:
+        for entry in entries:
+            _watch.ops.setdefault(_kernel(entry), set()).add(op)
+
+
+def _kernel(entry: str) -> str:
+    return entry[len(_ENTRY):].rpartition(".")[0]
+
+
+def _signature(directory: Path) -> tuple[int, int, int] | None:
+    # The link count and size besides the mtime: a rename in the same clock tick as the last change leaves the
+    # mtime as it was, but a new subdirectory raises the link count (or the size) on the usual filesystems.
+    try:
+        stat = os.stat(directory)
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_nlink, stat.st_size
+
+
+def _entries(directory: Path) -> frozenset[str]:
+    try:
+        return frozenset(name for name in os.listdir(directory) if name.startswith(_ENTRY))
+    except OSError:
+        return frozenset()
+
+
+def _baseline(directory: Path, signature: Any) -> None:
+    """Bring the directory's listing up to date before a call, if it changed since it was last listed."""
+    with _watch.lock:
+        known = _watch.listed.get(directory)
+        if known is not None and known[0] == signature:
+            return
+    listing = _entries(directory)
+    with _watch.lock:
+        _watch.listed[directory] = (signature, listing)
+
+
+def _appeared(directory: Path, signature: Any) -> list[str]:
+    """The entries that appeared since the directory was last listed; it is listed as it is now."""
+    listing = _entries(directory)
+    with _watch.lock:
+        known = _watch.listed.get(directory)
+        _watch.listed[directory] = (signature, listing)
+    return sorted(listing - known[1]) if known is not None else []
+
+
+def _report(new: list[str]) -> None:
+    """Record each new entry; in ``error`` mode, raise the first error once all are recorded."""
+    where = caller()
+    first: LateCompileError | None = None
+    for entry in new:
+        kernel = _kernel(entry)
+        with _watch.lock:
+            ops = tuple(sorted(_watch.ops.get(kernel, ())))
+        try:
+            record(LateCompile("deep_gemm", kernel, entry, ops, where), ("deep_gemm", entry))
+        except LateCompileError as error:
+            first = first or error
+    if first is not None:
+        raise first
+
+
+def _watched(original: Any) -> Any:
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if on_builder_thread():  # a build of the threads executor, not a late compile
+            return original(*args, **kwargs)
+        directory = cache_root() / "cache"
+        before, making = _signature(directory), entries_being_made()
+        _baseline(directory, before)
+        result = original(*args, **kwargs)
+        after = _signature(directory)
+        if after != before:
+            new = _appeared(directory, after)
+            # Reported only if no build or install of this process was under way at any time during the call.
+            if new and making[0] == 0 and entries_being_made() == making:
+                _report(new)
+        return result
+    return call
+
+
+def watch_late_compiles() -> None:
+    """Wrap the :data:`ENTRY_POINTS` of each DeepGEMM module imported now (``deep_gemm`` and any a build ran), so
+    that a kernel they compile outside buildops' builds after a pass is recorded as a late compile, until
+    ``buildops.testing.reset()``."""
+    with _watch.lock:
+        modules = [sys.modules[name] for name in sorted(_watch.modules) if name in sys.modules]
+        for module in modules:
+            for name in ENTRY_POINTS:
+                key = (module.__name__, name)
+                if key in _watch.patches or not callable(getattr(module, name, None)):
+                    continue
+                patch = Patch(module, name, _watched, "DeepGEMM 2.6 has no hook after a kernel compiles")
+                patch.acquire()
+                _watch.patches[key] = patch
+
+
+@on_reset.add
+def _release() -> None:
+    with _watch.lock:
+        for patch in _watch.patches.values():
+            patch.release()
+        _watch.patches.clear()
+        _watch.modules = {"deep_gemm"}
+        _watch.listed.clear()
+        _watch.ops.clear()
