@@ -306,6 +306,30 @@ def test_replaying_a_decode_plan_lists_its_module_without_building_it(flashinfer
     assert not any(Path(flashinfer_env).rglob("batch_decode_*.so"))  # nothing was built inline
 
 
+def test_an_engines_replayed_plans_ask_for_the_modules_its_serving_plans_ask_for(flashinfer_env):
+    """The family of tests/flashinfer_serving.py (run on a GPU by test_flashinfer_gpu.py): its replay on dummy
+    batches records the lookups that the serving batches' plans make, with the same arguments."""
+    from buildops.backends.flashinfer import PLAN_LOOKUPS
+    from buildops.backends.variants import variants
+
+    from paged_attention import DECODE, PREFILL, AttentionConfig, AttentionPlans, PagedAttention, paged_batch
+
+    with cpu_machine_shims():
+        engine = PagedAttention(AttentionConfig(), "cpu")
+        replayed = list(AttentionPlans().builds(engine, engine.config))
+        with variants("serving", *PLAN_LOOKUPS) as serving:
+            engine.plan_prefill(paged_batch(PREFILL, 16, seed=1))
+        with variants("serving", *PLAN_LOOKUPS) as more:
+            engine.plan_decode(paged_batch(DECODE, 16, seed=2))
+    assert [b.key for b in replayed] == [b.key for b in serving + more]  # ("variant", lookup, args, kwargs)
+    assert [b.key[1] for b in replayed] == ["flashinfer.prefill.get_batch_prefill_module",
+                                            "flashinfer.decode.get_batch_decode_module"]
+    prefill, decode = (b.run.args for b in replayed)
+    assert prefill[:2] == ("fa3", torch.bfloat16) and 128 in prefill  # SM90, a query over 64 tokens: FA3
+    assert decode[0] == torch.bfloat16 and decode[4] == 128  # dtype, head dim
+    assert not any(Path(flashinfer_env).rglob("batch_*.so"))  # nothing was built
+
+
 def test_variants_leave_other_threads_their_real_lookup():  # needs no FlashInfer
     import threading
 
