@@ -44,14 +44,16 @@ PYCACHE = Path(tempfile.gettempdir()) / "buildops-startup-pycache"
 
 
 def start(how: str, size: str, checkpoint: Path, cache: Path, work: Path, env: dict | None = None,
-          device: str | None = None, extra: tuple = ()) -> subprocess.Popen:
+          device: str | None = None, extra: tuple = (), entry: tuple = ("-m", "examples.tiny_llm")) -> subprocess.Popen:
+    """Start the example in a fresh process (``entry``: what follows the interpreter on its command line, another
+    script that runs the example's main will do); :func:`finish` waits for it and reads what it wrote."""
     out = work / f"{how}-{time.monotonic_ns()}.json"
     environ = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), PYTHONPYCACHEPREFIX=str(PYCACHE),
                    BUILDOPS_NODE_LOCKS=str(work / f"locks-{out.stem}"))
     environ.update(env or {})
     if device is not None:
         environ["CUDA_VISIBLE_DEVICES"] = device
-    command = [sys.executable, "-m", "examples.tiny_llm", "--start", how, "--size", size,
+    command = [sys.executable, *entry, "--start", how, "--size", size,
                "--checkpoint", str(checkpoint), "--json", str(out), *extra]
     with open(work / f"{out.stem}.log", "w") as log:  # the child keeps its own copy of the descriptor
         process = subprocess.Popen(command, env=environ, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
@@ -69,6 +71,25 @@ def finish(process: subprocess.Popen) -> dict:
 def run(how: str, size: str, checkpoint: Path, *args, **kwargs) -> dict:
     drop_from_page_cache(checkpoint)
     return finish(start(how, size, checkpoint, *args, **kwargs))
+
+
+def ensure_checkpoint(size: str) -> Path:
+    """The example's checkpoint of ``size`` in the temporary directory, made first if it is not there (untimed)."""
+    checkpoint = Path(tempfile.gettempdir()) / "buildops-tiny-llm" / f"{size}.safetensors"
+    if not checkpoint.exists():
+        from examples.tiny_llm.checkpoint import make_checkpoint
+        from examples.tiny_llm.model import SIZES
+        made = time.perf_counter()
+        make_checkpoint(checkpoint, SIZES[size])
+        print(f"made {checkpoint} ({checkpoint.stat().st_size / 1e9:.1f} GB) in {time.perf_counter() - made:.1f} s")
+    return checkpoint
+
+
+def prime_bytecode(work: Path) -> None:
+    """One small start, untimed, that leaves every start after it the bytecode in PYCACHE (and makes the small
+    checkpoint): imports only, nothing of it is measured."""
+    small = Path(tempfile.gettempdir()) / "buildops-tiny-llm" / "small.safetensors"
+    start("buildops", "small", small, work / "cache-prime", work).wait()
 
 
 def drop_from_page_cache(path: Path) -> None:
@@ -131,17 +152,8 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     work = Path(tempfile.mkdtemp(prefix="buildops-startup-"))
-    checkpoint = Path(tempfile.gettempdir()) / "buildops-tiny-llm" / f"{args.size}.safetensors"
-    if not checkpoint.exists():
-        from examples.tiny_llm.checkpoint import make_checkpoint
-        from examples.tiny_llm.model import SIZES
-        made = time.perf_counter()
-        make_checkpoint(checkpoint, SIZES[args.size])
-        print(f"made {checkpoint} ({checkpoint.stat().st_size / 1e9:.1f} GB) in {time.perf_counter() - made:.1f} s")
-
-    small = Path(tempfile.gettempdir()) / "buildops-tiny-llm" / "small.safetensors"
-    start("buildops", "small", small, work / "cache-prime", work).wait()  # primes the bytecode cache (and makes
-    # the small checkpoint): imports only, nothing of it is timed
+    checkpoint = ensure_checkpoint(args.size)
+    prime_bytecode(work)
     results = {}
     starts = [("(a) lazy", "lazy", "a", None, ()), ("(b) warmup", "warmup", "b", None, ()),
               ("(c) buildops", "buildops", "c", None, ()), ("(d) buildops, warm", "buildops", "c", None, ()),

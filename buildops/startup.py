@@ -261,9 +261,10 @@ def phases(clear: bool = False) -> list[tuple[str, float]]:
 
 
 def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *, name: str = "startup",
-                       overlap: bool = False, freeze_heap: bool = False, ready: str = "called") -> T:
+                       overlap: bool = False, freeze_heap: bool = False, ready: str = "called",
+                       warm: Callable[[], object] | None = None) -> T:
     """Run the dummy forwards in a :func:`~buildops.rehearsal` (their builds start), load the checkpoint while the
-    builds run, wait until serving can begin, and collect the rehearsal's garbage.
+    builds run, wait until serving can begin, optionally serve one warm request, and collect the start's garbage.
 
     Ready (``ready="called"``, the default) waits for the builds of the shapes the rehearsal's calls were made at,
     which the engine will certainly call first (an engine names more by calling them in the rehearsal), and for
@@ -291,6 +292,12 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
             heap is unfrozen, whatever froze it (docs/decisions/0011-freeze-heap-at-end-of-start.md).
         ready: ``"called"`` (see above), or ``"gpu"``: wait for every GPU build, which on a GPU is the whole
             sweep (docs/decisions/0018-ready-without-the-sweep.md).
+        warm: once ready, called once, outside any pass, on the loaded weights: a short real request, whose
+            one-time costs then fall in the start and not in the first request (kernels that CUDA loads at their
+            first launch: the library ops a rehearsal did not run, such as sampling; the caching allocator's first
+            blocks; first calls of Python paths). Its calls should be at shapes the rehearsal called: at any other,
+            they wait for that shape's builds, as a serving call does. Timed as the phase ``<name>: warm``; what
+            it raises is raised.
 
     Raises:
         ValueError: ``ready`` is neither ``"called"`` nor ``"gpu"`` (before anything runs).
@@ -305,14 +312,17 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
         loaded = _rehearse_and_load(rehearsing, rehearse, load, name, overlap)
         with phase(f"{name}: wait until ready"):
             _wait_for_ready_builds(rehearsing, ready)
+        if warm is not None:
+            with phase(f"{name}: warm"):
+                warm()
         with phase(f"{name}: collect garbage"):
-            # The rehearsal's replays leave objects in reference cycles: collect them now, not in the first
-            # request. A full collection: garbage that outlived the load's automatic collections is in the oldest
-            # generation (docs/decisions/0011-freeze-heap-at-end-of-start.md).
+            # The rehearsal's replays (and the warm request) leave objects in reference cycles: collect them now,
+            # not in the first request. A full collection: garbage that outlived the load's automatic collections
+            # is in the oldest generation (docs/decisions/0011-freeze-heap-at-end-of-start.md).
             gc.collect()
     except BaseException as error:
-        # The start is off (a Ctrl-C in the load or in the wait, a load that failed): no one wants what the
-        # rehearsal queued. A rehearsal body that raised has cancelled its own already.
+        # The start is off (a Ctrl-C in the load, the wait or the warm request, a load that failed): no one wants
+        # what the rehearsal queued. A rehearsal body that raised has cancelled its own already.
         _cancel_rehearsal(rehearsing, error)
         if freeze_heap:
             gc.unfreeze()

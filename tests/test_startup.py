@@ -232,6 +232,46 @@ def test_rehearse_then_load_can_freeze_the_heap_and_collect_only_what_the_start_
         gc.enable()
 
 
+def test_a_warm_request_runs_once_ready_outside_the_pass_and_its_garbage_is_collected(runs):
+    gate = threading.Event()
+    steps, collected = [], []
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output=lambda x: torch.full_like(x, -1.0))
+    def op(x):
+        return x + 1  # runs only outside a pass: inside one, the placeholder (-1) comes back
+
+    op.lister(lambda x: [runs.build("op", ("op", x.shape[0]), gate=gate, uses_gpu=True)])
+
+    def load():
+        steps.append("load")
+        gate.set()
+        return "weights"
+
+    def warm():
+        steps.append(("warm", current_builder().state(("op", 4)), op(torch.zeros(4, 8))[0, 0].item()))
+        _Cycle(collected, "the warm request's garbage")
+
+    phases(clear=True)
+    gc.disable()  # no automatic collection in between: only rehearse_then_load's own
+    try:
+        assert rehearse_then_load(lambda: op(torch.zeros(4, 8)), load, warm=warm) == "weights"
+        assert steps == ["load", ("warm", BuildState.BUILT, 1.0)]  # once ready, and the op itself ran
+        assert collected == ["the warm request's garbage"]
+    finally:
+        gc.enable()
+    assert [name for name, _ in phases()] == ["startup: rehearsal", "startup: load", "startup: wait until ready",
+                                              "startup: warm", "startup: collect garbage"]
+
+
+def test_a_warm_request_that_raises_fails_the_start_and_unfreezes_the_heap():
+    def warm():
+        raise RuntimeError("the sampling kernel failed")
+
+    with pytest.raises(RuntimeError, match="sampling kernel failed"):
+        rehearse_then_load(lambda: None, lambda: None, freeze_heap=True, warm=warm)
+    assert gc.get_freeze_count() == 0
+
+
 def test_a_failed_start_unfreezes_the_heap(monkeypatch):
     def load():
         raise OSError("checkpoint shard 3 is missing")

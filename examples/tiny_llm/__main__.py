@@ -8,7 +8,9 @@
               running meanwhile -> join the GPU builds -> collect the garbage and freeze the heap -> serve.
               ``--load-after-rehearsal`` begins the load once the rehearsal is done, for comparison: slower in 7
               of 8 runs while the rehearsal took seconds, within the noise since it takes 0.15 s
-              (docs/benchmarks.md)
+              (docs/benchmarks.md). ``--warm-request`` ends the start with one short real request
+              (``TinyLlm.warm_request``), so that the first request does not pay what a process does once
+              (benchmarks/first_request.py)
     warmup    create -> load -> the same two forwards for real, one kernel compile after another -> serve
     lazy      create -> load -> serve (every kernel compiles in the first requests)
 
@@ -69,8 +71,14 @@ def parse_args() -> argparse.Namespace:
                              "(see rehearse_then_load)")
     parser.add_argument("--no-family", action="store_true",
                         help="buildops start without the GEMM family: the rehearsal lists everything")
+    parser.add_argument("--warm-request", action="store_true",
+                        help="buildops start that ends with one short real request (rehearse_then_load's warm), "
+                             "so that the first request does not pay what is done once per process")
     parser.add_argument("--json", help="write the results here")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.warm_request and args.start != "buildops":
+        parser.error("--warm-request is a step of the buildops start")
+    return args
 
 
 def prompts(config) -> list[list[int]]:
@@ -80,7 +88,7 @@ def prompts(config) -> list[list[int]]:
 
 
 def start(how: str, model_config, checkpoint: Path, device: str, family: bool = True,
-          overlap: bool = True) -> TinyLlm:
+          overlap: bool = True, warm: bool = False) -> TinyLlm:
     if how == "buildops":
         with phase("create model"):
             if family:
@@ -91,7 +99,7 @@ def start(how: str, model_config, checkpoint: Path, device: str, family: bool = 
             model.dummy_weights()
         # The heap frozen once started, as vLLM's engine does: the model lives as long as the process.
         rehearse_then_load(model.rehearse, lambda: load_checkpoint(model, checkpoint), overlap=overlap,
-                           freeze_heap=True)
+                           freeze_heap=True, warm=model.warm_request if warm else None)
         return model
     with phase("create model"):
         model = TinyLlm(model_config, device)
@@ -147,7 +155,7 @@ def main() -> None:
         launched += made  # making the checkpoint is not part of a start
 
     model = start(args.start, config, checkpoint, args.device, family=not args.no_family,
-                  overlap=not args.load_after_rehearsal)
+                  overlap=not args.load_after_rehearsal, warm=args.warm_request)
     synchronize(model.device)
     ready = time.perf_counter() - launched
     logger.info("ready to serve after %.2f s (%s start)", ready, args.start)

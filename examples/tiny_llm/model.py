@@ -131,6 +131,12 @@ class TinyLlm(torch.nn.Module):
         self(ids, 0)
         self(ids[:1], self.config.max_tokens)
 
+    def warm_request(self) -> None:
+        """One short real request at the shapes the rehearsal called (a context batch at the maximum token count,
+        one decode step), greedy sampling included, on the loaded weights: what a process does once for a request
+        (``rehearse_then_load``'s ``warm``) is then done before the first one."""
+        self.generate([0] * self.config.max_tokens, 2)
+
     @torch.inference_mode()
     def generate(self, prompt: list[int], new_tokens: int) -> list[int]:
         """Greedy decoding of one request."""
