@@ -11,7 +11,14 @@ from torch import nn
 import buildops
 from buildops import build_pass, model_created, register_family, report, settings, unregister_family
 from buildops._runtime.gpu import MemoryGate, NotEnoughGpuMemory
-from buildops.backends.deep_gemm import DeepGemmFamily, GemmShape, deep_gemm_builds, find_gemm_shapes, m_values
+from buildops.backends.deep_gemm import (
+    DeepGemmFamily,
+    GemmShape,
+    contiguous_rows,
+    deep_gemm_builds,
+    find_gemm_shapes,
+    m_values,
+)
 
 from conftest import WAIT
 
@@ -54,6 +61,17 @@ def test_shapes_are_found_in_a_models_layers():
         GemmShape("dense", 512, 256), GemmShape("dense", 256, 512)]
 
 
+def test_the_contiguous_sweep_reaches_the_rows_of_every_experts_padding():
+    """The real DeepGEMM picks a contiguous kernel by the padded rows, which exceed the tokens: 1024 tokens routed
+    to 8 experts take up to 1024 + 8 x 127 rows."""
+    assert contiguous_rows(1024, 8) == 2048 and contiguous_rows(100, 4, top_k=8, align_m=64) == 1088
+    [build] = deep_gemm_builds([GemmShape("contiguous", 256, 128, 8)], 1024, mode="relaxed", module="fake_deep_gemm",
+                               device="cpu")
+    assert max(build.run.ms) == 2048 and set(range(128, 2049, 128)) <= set(build.run.ms)
+    with pytest.raises(ValueError, match="top_k=0"):
+        deep_gemm_builds([GemmShape("dense", 256, 128)], 8, top_k=0, device="cpu")
+
+
 def test_builds_dedup_by_shape_and_m_set():
     shapes = [GemmShape("dense", 512, 256)] * 2 + [GemmShape("dense", 256, 512)]
     builds = deep_gemm_builds(shapes, 100, mode="full", module="fake_deep_gemm", device="cpu")
@@ -73,9 +91,10 @@ def test_every_shape_runs_at_every_m(calls, executor):
     assert report().total("failed") == 0
     dense = sorted(c["m"] for c in seen if c["fn"] == "fp8_fp4_gemm_nt")
     assert dense == list(range(1, 21))
-    # the contiguous kind's 20 Ms pad to the same 128 rows: DeepGEMM sees one problem, run once
+    # the contiguous kind's M is its padded rows: 20 tokens over 3 experts take up to 20 + 3 x 127 rows, so every
+    # multiple of 128 up to 512 runs, once each
     contiguous = [c for c in seen if c["fn"] == "m_grouped_fp8_fp4_gemm_nt_contiguous"]
-    assert [(c["m"], c["e"]) for c in contiguous] == [(128, 3)]
+    assert [(c["m"], c["e"]) for c in contiguous] == [(128, 3), (256, 3), (384, 3), (512, 3)]
     masked = sorted(c["m"] for c in seen if c["fn"] == "m_grouped_fp8_fp4_gemm_nt_masked")
     assert masked == list(range(1, 21))
     pids = {c["pid"] for c in seen}
@@ -106,7 +125,8 @@ def test_a_family_queues_builds_when_the_model_is_created(calls):
         with settings.scope(executor="threads"):
             futures = model_created(MoE(), {"max_tokens": 8})  # no pass: straight to the builder
             assert len(futures) == 3 and buildops.join(timeout=WAIT)
-            assert len(calls()) == 2 * len(m_values(8, 512)) + 1  # the experts' Ms all pad to 128 rows
+            # the experts' rows: every multiple of 128 up to 8 tokens and 4 experts' padding (640 rows)
+            assert len(calls()) == 2 * len(m_values(8, 512)) + contiguous_rows(8, 4) // 128
             with buildops.rehearsal("startup"):
                 assert len(model_created(MoE(), {"max_tokens": 16})) == 3
             assert buildops.join(timeout=WAIT)
@@ -376,7 +396,7 @@ def test_the_fakes_kernels_are_named_as_deep_gemms_and_many_ms_share_one(fake, t
     with settings.scope(executor="threads"):
         for build in deep_gemm_builds(shapes, 300, mode="full", module="fake_deep_gemm", device="cpu"):
             build.run()
-    assert len(calls()) == 300 + 3 + 300  # contiguous: 300 tokens pad to 128, 256 and 384 rows
+    assert len(calls()) == 300 + contiguous_rows(300, 3) // 128 + 300  # contiguous: each multiple of 128 rows
     # a dense kernel per block height (16, 32, 64, 128 rows), one for all the contiguous calls (the alignment is
     # the block height), one per masked block height (64, 128)
     assert sorted(c["block_m"] for c in kernels(tmp_path, "sm90_fp8_gemm_1d2d").values()) == [16, 32, 64, 128]
@@ -400,8 +420,8 @@ def test_operand_bytes_count_deep_gemms_copy_of_the_scales():
     assert GemmShape("dense", 256, 384).operand_bytes(5) == (
         5 * 384 + 5 * kb * 4 + 8 * kb * 4 + 256 * 384 + 2 * kb * 4 + 5 * 256 * 2 + 4)
     masked = GemmShape("masked", 256, 384, 2)
-    assert masked.operand_bytes(5) == (
-        10 * 384 + 10 * kb * 4 + 2 * 8 * kb * 4 + 2 * (256 * 384 + 2 * kb * 4) + 10 * 256 * 2 + 2 * 4)
+    assert masked.operand_bytes(5) == (  # each expert's 5 rows in a buffer of 64, as DeepGEMM needs
+        128 * 384 + 128 * kb * 4 + 128 * kb * 4 + 2 * (256 * 384 + 2 * kb * 4) + 128 * 256 * 2 + 2 * 4)
     contiguous = GemmShape("contiguous", 256, 384, 2)
     assert contiguous.operand_bytes(5, align_m=64) == (
         64 * 384 + 2 * 64 * kb * 4 + 2 * (256 * 384 + 2 * kb * 4) + 64 * 256 * 2 + 64 * 4)
@@ -423,8 +443,9 @@ def test_builds_run_with_the_engines_deep_gemm_settings(fake, tmp_path, calls, e
     assert {c["num_sms"] for c in kernels(tmp_path, "sm90_fp8_gemm_1d2d").values()} == {100}
     [contiguous] = kernels(tmp_path, "sm90_m_grouped_fp8_gemm_contiguous_1d2d").values()
     assert (contiguous["block_m"], contiguous["num_sms"]) == (64, 100)
-    # the rows follow the alignment: each expert's rows start at a multiple of 64, the last block's tail is -1
-    assert [c["m"] for c in calls() if c["fn"] == "m_grouped_fp8_fp4_gemm_nt_contiguous"] == [64, 128]
+    # the rows follow the alignment: each expert's rows start at a multiple of 64, up to 100 tokens and 3 x 63
+    # padding rows; the last block's tail is -1
+    assert [c["m"] for c in calls() if c["fn"] == "m_grouped_fp8_fp4_gemm_nt_contiguous"] == [64, 128, 192, 256, 320]
     fake.set_num_sms(0)  # back to the default: other kernels, another build
     again = deep_gemm_builds(shapes[:1], 100, mode="full", module="fake_deep_gemm", device="cpu")
     assert again[0].key != builds[0].key and again[0].artifact.identity() != builds[0].artifact.identity()

@@ -9,9 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import redis
 
 from conftest import WAIT, until
+
+redis = pytest.importorskip("redis", reason="the store extra (redis) is not installed here")
 
 # the shared server's fixture also skips the module without redis-server (fails it in CI)
 pytestmark = pytest.mark.usefixtures("redis_server")

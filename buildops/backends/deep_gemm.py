@@ -39,7 +39,8 @@ from .deep_gemm_knobs import DEFAULT_SMS as _DEFAULT_SMS
 from .deep_gemm_knobs import Knobs, contiguous_alignment, device_sms, engine_knobs, on_device, set_in_worker
 from .deep_gemm_late import note_built, note_module
 
-__all__ = ["DeepGemmFamily", "GemmShape", "deep_gemm_builds", "find_gemm_shapes", "m_values"]
+__all__ = ["DeepGemmFamily", "GemmShape", "contiguous_rows", "deep_gemm_builds", "find_gemm_shapes", "m_values",
+           "shape_ms"]
 
 KINDS = {
     "dense": "fp8_gemm_nt",
@@ -48,6 +49,7 @@ KINDS = {
 }
 _BLOCK = 128        # DeepGEMM's scaling block along N and K
 _ALIGN_M = 128      # DeepGEMM's default alignment of each expert's rows in the contiguous layout
+_MASKED_ROWS = 64   # what each expert's rows in the masked layout must be a multiple of
 
 # What the relaxed M sweep (m_values) knows of DeepGEMM's heuristics:
 _SMALL_MS = (1, 2, 4, *range(8, 65, 8))   # small Ms, each of which may pick its own kernel
@@ -93,7 +95,7 @@ class GemmShape:
         kb, nb = math.ceil(self.k / _BLOCK), math.ceil(self.n / _BLOCK)
         rows = _rows(self, m, align_m)
         # DeepGEMM's MN-major copy of the scales: each group's rows padded to a multiple of 4 (16 bytes)
-        scale_rows = self.experts * _align(m, 4) if self.kind == "masked" else _align(rows, 4)
+        scale_rows = _align(rows, 4)
         a = rows * self.k + (rows + scale_rows) * kb * 4       # fp8 activations, their fp32 scales and the copy
         b = self.experts * (self.n * self.k + nb * kb * 4)     # fp8 weights and their fp32 scales
         d = rows * self.n * 2                                  # bf16 output
@@ -105,9 +107,10 @@ def _align(x: int, to: int) -> int:
 
 
 def _rows(shape: GemmShape, m: int, align_m: int = _ALIGN_M) -> int:
-    """The rows of a call's activations: ``m``, ``m`` padded to ``align_m`` (contiguous), or ``m`` per expert."""
+    """The rows of a call's activations: ``m``, ``m`` padded to ``align_m`` (contiguous), or ``m`` padded to 64 per
+    expert (masked)."""
     if shape.kind == "masked":
-        return shape.experts * m
+        return shape.experts * _align(m, _MASKED_ROWS)
     if shape.kind == "contiguous":
         return _align(m, align_m)
     return m
@@ -161,19 +164,40 @@ def find_gemm_shapes(model: nn.Module, grouped: Sequence[str] = ("contiguous",))
     return list(shapes)
 
 
+def contiguous_rows(max_tokens: int, experts: int, top_k: int = 1, align_m: int = _ALIGN_M) -> int:
+    """The most rows a contiguous grouped GEMM takes for ``max_tokens`` tokens: each token's ``top_k`` rows, and
+    each expert's rows padded to ``align_m`` (up to ``align_m - 1`` padding rows per expert), as an engine lays them
+    out for DeepGEMM (vLLM sizes its workspace so too)."""
+    return _align(max_tokens * top_k + experts * (align_m - 1), align_m)
+
+
+def shape_ms(shape: GemmShape, max_tokens: int, mode: str | None = None, sms: int = _DEFAULT_SMS, top_k: int = 1,
+             align_m: int = _ALIGN_M) -> tuple[int, ...]:
+    """The Ms a build of ``shape`` runs for up to ``max_tokens`` tokens: :func:`m_values` up to the tokens, or for a
+    ``contiguous`` shape up to its :func:`contiguous_rows` (its M is the padded rows)."""
+    if max_tokens < 1:
+        return ()
+    most = contiguous_rows(max_tokens, shape.experts, top_k, align_m) if shape.kind == "contiguous" else max_tokens
+    return m_values(most, shape.n, mode, sms)
+
+
 def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = "deep_gemm",
                      device: torch.device | str | None = None, mode: str | None = None,
-                     module: str = "deep_gemm") -> list[Build]:
+                     module: str = "deep_gemm", top_k: int = 1) -> list[Build]:
     """One build per distinct shape and M set: the shape's DeepGEMM entry point run at every M of the sweep.
+    A ``contiguous`` shape's sweep goes up to :func:`contiguous_rows`: its M is the padded rows, not the tokens.
 
     Args:
         shapes: the weight shapes to build.
-        max_tokens: the largest M (see :func:`m_values`).
+        max_tokens: the largest number of tokens (see :func:`m_values`).
         op: the op the builds are reported under.
         device: the GPU the runs go to (default: the current one, or the CPU without a GPU).
         mode: the M sweep, as for :func:`m_values`.
         module: the module that provides DeepGEMM's API (tests pass a fake with the same signatures).
+        top_k: the experts each token is routed to (the rows per token of a ``contiguous`` shape).
     """
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"deep_gemm_builds({op!r}) top_k={top_k!r}: expected an int >= 1")
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -181,8 +205,9 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
     sms = dict(knobs).get("num_sms") or device_sms(device)
     note_module(module)
     builds: dict[tuple, Build] = {}
+    align_m = dict(knobs).get("mk_alignment_for_contiguous_layout") or _ALIGN_M
     for shape in shapes:
-        ms = m_values(max_tokens, shape.n, mode, sms)
+        ms = shape_ms(shape, max_tokens, mode, sms, top_k, align_m)
         if not ms:
             continue
         key = ("deep_gemm", module, shape, ms, knobs, str(device))
@@ -200,16 +225,17 @@ class DeepGemmFamily:
     can start before the weights are loaded.
 
     Args:
-        max_tokens: the largest M, given the model's config.
+        max_tokens: the largest number of tokens, given the model's config.
         grouped: as for :func:`find_gemm_shapes`.
         module: as for :func:`deep_gemm_builds`.
+        top_k: the experts each token is routed to, given the model's config (default 1).
     """
 
     name = "deep_gemm"
 
     def __init__(self, max_tokens: Callable[[Any], int], grouped: Sequence[str] = ("contiguous",),
-                 module: str = "deep_gemm") -> None:
-        self.max_tokens, self.grouped, self.module = max_tokens, tuple(grouped), module
+                 module: str = "deep_gemm", top_k: Callable[[Any], int] | None = None) -> None:
+        self.max_tokens, self.grouped, self.module, self.top_k = max_tokens, tuple(grouped), module, top_k
 
     def recognizes(self, model: Any, config: Any) -> bool:
         """Whether ``model`` is a torch module with FP8 weights."""
@@ -219,7 +245,7 @@ class DeepGemmFamily:
         """The DeepGEMM builds of ``model``'s FP8 weight shapes, on the device they are on."""
         device = next((p.device for p in model.parameters() if p.dtype == torch.float8_e4m3fn), None)
         return deep_gemm_builds(find_gemm_shapes(model, self.grouped), self.max_tokens(config), op=self.name,
-                                device=device, module=self.module)
+                                device=device, module=self.module, top_k=self.top_k(config) if self.top_k else 1)
 
 
 @dataclass(frozen=True)
@@ -308,8 +334,11 @@ def _operands(shape: GemmShape, m_max: int, device: torch.device, align_m: int) 
     fp8, kb, nb = torch.float8_e4m3fn, math.ceil(shape.k / _BLOCK), math.ceil(shape.n / _BLOCK)
     rows = _rows(shape, m_max, align_m)
     if shape.kind == "masked":
-        a_shape, d_shape = (shape.experts, m_max, shape.k), (shape.experts, m_max, shape.n)
-        a_scale = (shape.experts, m_max, kb)
+        # Each expert's rows (max_m) a multiple of 64, as engines' dispatch buffers are: DeepGEMM does not check
+        # it, and its tiles then read and write across experts.
+        max_m = _align(m_max, _MASKED_ROWS)
+        a_shape, d_shape = (shape.experts, max_m, shape.k), (shape.experts, max_m, shape.n)
+        a_scale = (shape.experts, max_m, kb)
     else:
         a_shape, d_shape, a_scale = (rows, shape.k), (rows, shape.n), (rows, kb)
     b_shape = (shape.n, shape.k) if shape.kind == "dense" else (shape.experts, shape.n, shape.k)

@@ -1,0 +1,142 @@
+"""DeepGEMM's warmup for one model layer's GEMMs with the real DeepGEMM on a GPU: serial, as vLLM's
+``kernel_warmup`` does it (every weight shape at every M of the sweep, one call after another in the engine's
+process), against a buildops build pass (the same shapes and Ms as builds, in worker processes). Each start runs in
+a fresh process with an empty ``DG_JIT_CACHE_DIR``; after its warmup, the same GEMMs at random Ms inside the sweep
+range must compile nothing (new cache entries are counted). The arms alternate over ``--rounds``; medians last.
+
+    python3 benchmarks/deep_gemm_warmup.py [--model qwen3-30b-a3b|deepseek-v3] [--max-tokens 1024] [--top-k 8]
+                                           [--mode relaxed|full] [--rounds 3] [--json PATH]
+
+Needs a GPU and an importable ``deep_gemm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# One layer's FP8 GEMMs (tensor parallel 1): dense (N, K), and MoE experts (E, N, K) in the contiguous layout.
+MODELS = {
+    "qwen3-30b-a3b": {  # hidden 2048, 32 q / 4 kv heads of 128, 128 experts of 768
+        "dense": [(5120, 2048), (2048, 4096)],
+        "experts": [(128, 1536, 2048), (128, 2048, 768)],
+    },
+    "deepseek-v3": {  # hidden 7168, MLA, 256 routed experts of 2048 and one shared
+        "dense": [(1536, 7168), (576, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)],
+        "experts": [(256, 4096, 7168), (256, 7168, 2048)],
+    },
+}
+CHECKS = 24  # random Ms per shape checked after the warmup
+
+
+def _shapes(model: str):
+    from buildops.backends.deep_gemm import GemmShape
+
+    layer = MODELS[model]
+    return ([GemmShape("dense", n, k) for n, k in layer["dense"]]
+            + [GemmShape("contiguous", n, k, e) for e, n, k in layer["experts"]])
+
+
+def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int, seed: int) -> dict:
+    """One start (in this process): the arm's warmup, timed, then the check at random Ms."""
+    import torch
+
+    from buildops.backends.deep_gemm import run_shape, shape_ms
+    from buildops.backends.deep_gemm_entries import entry_names
+
+    shapes = _shapes(model)
+    device = "cuda:0"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    torch.empty(1, device=device)  # the CUDA context, outside the timing in both arms
+    start = time.perf_counter()
+    sweeps = {shape: shape_ms(shape, max_tokens, mode, sms, top_k) for shape in shapes}
+    if arm == "serial":
+        for shape in shapes:
+            run_shape("deep_gemm", shape, sweeps[shape], device, 0)
+        torch.cuda.synchronize()
+    else:
+        import buildops
+        from buildops import build_pass
+        from buildops._core.default import default_builder
+        from buildops.backends.deep_gemm import deep_gemm_builds
+
+        with build_pass("warmup"):
+            for build in deep_gemm_builds(shapes, max_tokens, mode=mode, device=device, top_k=top_k):
+                default_builder().submit(build)
+        assert buildops.report().total("failed") == 0, buildops.report()
+    warmup_s = time.perf_counter() - start
+    built = entry_names()
+    rng = random.Random(seed)
+    for shape, ms in sweeps.items():  # anywhere in the sweep's range (a contiguous shape's: its padded rows)
+        run_shape("deep_gemm", shape, sorted(rng.sample(range(1, max(ms) + 1), min(CHECKS, max(ms)))), device, 0)
+    torch.cuda.synchronize()
+    return {"arm": arm, "warmup_s": warmup_s, "kernels": len(built), "late": len(entry_names() - built),
+            "runs": sum(len(ms) for ms in sweeps.values())}
+
+
+def start(arm: str, args: argparse.Namespace, seed: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="buildops-dg-bench-") as cache:
+        path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+        env = dict(os.environ, DG_JIT_CACHE_DIR=cache, PYTHONPATH=path)
+        command = [sys.executable, __file__, "--child", arm, "--model", args.model, "--max-tokens",
+                   str(args.max_tokens), "--mode", args.mode, "--top-k", str(args.top_k), "--seed", str(seed)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+        if done.returncode != 0:
+            raise SystemExit(f"{arm} start failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen3-30b-a3b")
+    parser.add_argument("--max-tokens", type=int, default=1024)
+    parser.add_argument("--top-k", type=int, default=8, help="experts per token (both models route to 8)")
+    parser.add_argument("--mode", choices=("relaxed", "full"), default="relaxed")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", choices=("serial", "buildops"), help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.model, args.max_tokens, args.mode, args.top_k, args.seed)))
+        return
+
+    results: list[dict] = []
+    for round_ in range(args.rounds):
+        arms = ("serial", "buildops") if round_ % 2 == 0 else ("buildops", "serial")
+        for arm in arms:
+            results.append({**start(arm, args, seed=round_), "round": round_})
+            r = results[-1]
+            print(f"round {round_} {arm:9s} {r['warmup_s']:7.2f} s  {r['kernels']} kernels  {r['late']} late",
+                  file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "starts": results},
+                                        indent=1))
+
+    def median(arm: str, key: str) -> float:
+        return statistics.median(r[key] for r in results if r["arm"] == arm)
+
+    rows = [(arm, median(arm, "warmup_s"), median(arm, "kernels"), max(r["late"] for r in results if r["arm"] == arm))
+            for arm in ("serial", "buildops")]
+    print(f"\n{args.model}: {len(_shapes(args.model))} shapes, {args.max_tokens} tokens, top-{args.top_k} "
+          f"({args.mode}: {results[0]['runs']} GEMM runs), {args.rounds} rounds, medians")
+    print(f"{'warmup':10s} {'seconds':>8s} {'kernels':>8s} {'late (max)':>11s}")
+    for arm, seconds, kernels, late in rows:
+        print(f"{arm:10s} {seconds:8.2f} {kernels:8.0f} {late:11d}")
+    ratios = [s["warmup_s"] / b["warmup_s"] for s, b in zip((r for r in results if r["arm"] == "serial"),
+                                                           (r for r in results if r["arm"] == "buildops"))]
+    print(f"serial / buildops: {statistics.median(ratios):.2f}x (per round {', '.join(f'{x:.2f}' for x in ratios)})")
+
+
+if __name__ == "__main__":
+    main()
