@@ -1,4 +1,4 @@
-"""The tiny LLM's first request against its steady state, without and with the start's fixes, in one run.
+"""The tiny LLM's first request against its steady state, without and with a warm request, in one run.
 
     python3 benchmarks/first_request.py [--starts 5] [--profile] [--arms before,after] [--json PATH]
 
@@ -7,17 +7,14 @@ start on an empty Triton cache, (d) a restart on the cache it left. The arms tak
 order that alternates from round to round. Every start is a fresh process that reads the checkpoint from disk and
 serves what the example serves: 4 requests, then the first one 5 times more, whose median is the steady state.
 
-    before  BUILDOPS_LOAD_FUNCTIONS=0: each Triton build loads its kernel's module, and CUDA's lazy loading may
-            leave the function itself to its first launch; the start ends once the builds serving needs are done
-    after   BUILDOPS_LOAD_FUNCTIONS=1 (the default) and the example's --warm-request: each build also finishes
-            loading its kernel's function (cuFuncLoad), and the start ends with one short real request
-            (rehearse_then_load's warm)
-    load    the former alone; warm: the latter alone; eager: before, with CUDA_MODULE_LOADING=EAGER (a diagnosis)
+    before  the start ends once the builds serving needs are done
+    after   the example's --warm-request: the start then ends with one short real request (rehearse_then_load's
+            warm)
 
 Each start runs the example's own main in a child (this script with --child), which times every request and
 records around the first one and a steady one: the main thread's CPU time against the process's (other threads),
-the builds still pending and the time spent waiting for them, the Triton kernel functions not loaded yet
-(cuFuncIsLoaded), the caching allocator's counters, modules imported, the host's busy CPU. The final table gives
+the builds still pending and the time spent waiting for them, the caching allocator's counters, modules imported,
+the host's busy CPU. The final table gives
 medians per start and arm over the rounds.
 
 ``--profile``: after the first round, a restart of each ``--profile-arms`` arm on that round's cache (not in the
@@ -55,20 +52,14 @@ from typing import Any  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# arm -> (environment, the example's flags)
-ARMS: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
-    "before": ({"BUILDOPS_LOAD_FUNCTIONS": "0"}, ()),
-    "after": ({"BUILDOPS_LOAD_FUNCTIONS": "1"}, ("--warm-request",)),
-    "load": ({"BUILDOPS_LOAD_FUNCTIONS": "1"}, ()),
-    "warm": ({"BUILDOPS_LOAD_FUNCTIONS": "0"}, ("--warm-request",)),
-    "eager": ({"BUILDOPS_LOAD_FUNCTIONS": "0", "CUDA_MODULE_LOADING": "EAGER"}, ()),
-}
+# arm -> the example's flags
+ARMS: dict[str, tuple[str, ...]] = {"before": (), "after": ("--warm-request",)}
 # The caching allocator's counters compared over a request (those this torch has)
 MEMORY_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams",
                "segment.all.allocated", "reserved_bytes.all.current")
 # CUDA calls always shown in a profile's diff where either request made them
 NOTABLE_CALLS = ("cudaMalloc", "cudaFree", "cudaHostAlloc", "cuMemAlloc", "cuModuleLoad", "cuModuleLoadData",
-                 "cuLibraryLoadData", "cuModuleGetFunction", "cuFuncLoad", "cublasCreate", "cudaStreamCreate",
+                 "cuLibraryLoadData", "cuModuleGetFunction", "cublasCreate", "cudaStreamCreate",
                  "cudaStreamCreateWithPriority", "cudaEventCreate", "cudaEventCreateWithFlags",
                  "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaFuncGetAttributes")
 # Kineto's trace categories, old and new spellings, by what the diff calls them
@@ -84,10 +75,9 @@ class Recorder:
     ``count_compiles`` just before its first request, and a warm request before that is not one) and records what
     may tell the first from a steady one around both; with a profile directory, profiles both."""
 
-    def __init__(self, requests: int, kernels: list, profile_dir: Path | None) -> None:
+    def __init__(self, requests: int, profile_dir: Path | None) -> None:
         self.requests = requests  # the example's distinct requests; the calls after them repeat the first
         self.steady_index = requests + 1  # the second repeat: the one recorded (and profiled) as steady
-        self.kernels = kernels
         self.profile_dir = profile_dir
         self.armed = False
         self.walls: list[float] = []
@@ -162,7 +152,6 @@ class Recorder:
             "build_wait_s": float(report.total("wait_seconds")),
             "last_build_end": max(ends) if ends else None,
             "threads": sorted(t.name for t in threading.enumerate()),
-            "functions": function_states(self.kernels),
             "host_cpu": host_cpu(),
             "memory": {key: memory[key] for key in MEMORY_KEYS if key in memory},
         }
@@ -217,45 +206,8 @@ def compare_states(before: dict[str, Any], after: dict[str, Any], wall: float, c
         "build_wait_s": after["build_wait_s"] - before["build_wait_s"],
         "since_last_build_s": None if last is None else before["at"] - last,
         "threads": before["threads"],
-        "functions_before": before["functions"], "functions_after": after["functions"],
         "memory": {key: after["memory"][key] - before["memory"].get(key, 0) for key in after["memory"]},
     }
-
-
-def example_kernels(kernels_module: Any) -> list:
-    """The example's Triton kernels (``JITFunction``s, under any autotuner); none in Triton's interpreter."""
-    from triton.runtime.jit import JITFunction
-
-    from buildops.backends.triton.driver import inner_jit
-
-    found = []
-    for value in vars(kernels_module).values():
-        try:
-            jit = inner_jit(value)
-        except AttributeError:  # not a kernel
-            continue
-        if isinstance(jit, JITFunction):
-            found.append(jit)
-    return found
-
-
-def function_states(kernels: list) -> dict[str, int]:
-    """How many compiled variants of ``kernels`` this process holds, and of those how many have no function handle
-    yet (never loaded), have their function loaded, not loaded (lazy loading), or cannot tell."""
-    from buildops._runtime.lazy_loading import function_loaded
-
-    counts = {"variants": 0, "no_handle": 0, "loaded": 0, "not_loaded": 0, "unknown": 0}
-    for jit in kernels:
-        for caches in list(getattr(jit, "device_caches", {}).values()):
-            kernel_cache = caches[0] if isinstance(caches, tuple) and caches and isinstance(caches[0], dict) else {}
-            for kernel in list(kernel_cache.values()):
-                counts["variants"] += 1
-                handle = getattr(kernel, "function", None)
-                state = function_loaded(handle) if isinstance(handle, int) and handle else None
-                key = ("no_handle" if not handle else "unknown" if state is None else
-                       "loaded" if state else "not_loaded")
-                counts[key] += 1
-    return counts
 
 
 def loading_mode() -> str | None:
@@ -295,7 +247,7 @@ def child(argv: list[str]) -> None:
         kernels._matmul_kernel.do_bench = lambda fn, quantiles: (fn(), [1.0, 1.0, 1.0])[1]
     example.LAUNCHED = LAUNCHED
     profile_dir = Path(own.profile_dir) if own.profile_dir else None
-    recorder = Recorder(len(example.PROMPT_LENGTHS), example_kernels(kernels), profile_dir)
+    recorder = Recorder(len(example.PROMPT_LENGTHS), profile_dir)
     example.TinyLlm.generate = recorder.wrap(example.TinyLlm.generate)
     example.TinyLlm.forward = recorder.wrap_forward(example.TinyLlm.forward)
     example.count_compiles = recorder.arm(example.count_compiles)
@@ -317,7 +269,6 @@ def start_row(result: dict[str, Any]) -> dict[str, Any]:
               if not (record["profiled"] and i == record["steady_index"])]
     median = sorted(steady, key=lambda i: walls[i])[len(steady) // 2]
     around = record["around"].get("first", {})
-    before = around.get("functions_before", {})
     forwards = record["forwards"]
     return {
         "ready_s": result["ready_s"], "first_ms": walls[first_index] * 1e3, "steady_ms": walls[median] * 1e3,
@@ -327,7 +278,6 @@ def start_row(result: dict[str, Any]) -> dict[str, Any]:
         "extra_decode_ms": (sum(forwards[first_index][1:]) - sum(forwards[median][1:])) * 1e3,
         "first_cpu_ms": cpus[first_index] * 1e3, "steady_cpu_ms": statistics.median(cpus[i] for i in steady) * 1e3,
         "other_threads_cpu_ms": (around.get("process_cpu_s", 0.0) - around.get("main_thread_cpu_s", 0.0)) * 1e3,
-        "not_loaded": before.get("not_loaded", 0), "no_handle": before.get("no_handle", 0),
         "pending_builds": around.get("pending_builds", 0), "build_wait_ms": around.get("build_wait_s", 0.0) * 1e3,
         "device_allocs": around.get("memory", {}).get("num_device_alloc", 0),
         "imported": len(around.get("imported", [])), "tokens": result["tokens"],
@@ -338,13 +288,13 @@ def start_row(result: dict[str, Any]) -> dict[str, Any]:
 def describe_start(label: str, row: dict[str, Any]) -> str:
     return (f"{label}: ready {row['ready_s']:.2f} s; first {row['first_ms']:.1f} ms, steady {row['steady_ms']:.1f} ms "
             f"({row['ratio']:.2f}x); main thread CPU {row['first_cpu_ms']:.0f}/{row['steady_cpu_ms']:.0f} ms; "
-            f"{row['not_loaded']} function(s) not loaded, {row['pending_builds']} build(s) pending")
+            f"{row['pending_builds']} build(s) pending")
 
 
 TABLE = (("first ms", "first_ms", "{:8.1f}"), ("steady ms", "steady_ms", "{:9.1f}"), ("ratio", "ratio", "{:5.2f}"),
          ("extra ms", "extra_ms", "{:8.1f}"), ("in context", "extra_context_ms", "{:10.1f}"),
          ("in decode", "extra_decode_ms", "{:9.1f}"), ("first CPU ms", "first_cpu_ms", "{:12.1f}"),
-         ("steady CPU ms", "steady_cpu_ms", "{:13.1f}"), ("not loaded", "not_loaded", "{:10.0f}"),
+         ("steady CPU ms", "steady_cpu_ms", "{:13.1f}"),
          ("pending", "pending_builds", "{:7.0f}"), ("ready s", "ready_s", "{:7.2f}"))
 
 
@@ -487,13 +437,9 @@ def profile_diff(directory: Path, record: dict[str, Any], top: int = 15) -> tupl
 
     for label in ("first", "steady"):
         state = around[label]
-        functions = state["functions_before"]
         memory = ", ".join(f"{key} {value:+}" for key, value in state["memory"].items()) or "none (no CUDA)"
         lines.append(f"{label}: allocator {memory}")
-        lines.append(f"{label}: Triton variants {functions.get('variants', 0)}: {functions.get('not_loaded', 0)} "
-                     f"function(s) not loaded, {functions.get('no_handle', 0)} never loaded, "
-                     f"{functions.get('unknown', 0)} unknown before; {state['functions_after'].get('not_loaded', 0)} "
-                     f"not loaded after; builds pending {state['pending_builds']} (waited "
+        lines.append(f"{label}: builds pending {state['pending_builds']} (waited "
                      f"{state['build_wait_s'] * 1e3:.1f} ms); imported {len(state['imported'])} "
                      f"module(s) {', '.join(state['imported'][:6])}")
     threads = around["first"]["threads"]
@@ -523,10 +469,9 @@ class Runner:
         self.example_args = example_args
 
     def run(self, arm: str, cache: Path, profile_dir: Path | None = None) -> dict[str, Any]:
-        env, flags = ARMS[arm]
-        extra = (*flags, *self.example_args) + (("--profile-dir", str(profile_dir)) if profile_dir else ())
+        extra = (*ARMS[arm], *self.example_args) + (("--profile-dir", str(profile_dir)) if profile_dir else ())
         self.bench.drop_from_page_cache(self.checkpoint)
-        process = self.bench.start("buildops", self.size, self.checkpoint, cache, self.work, env, extra=extra,
+        process = self.bench.start("buildops", self.size, self.checkpoint, cache, self.work, extra=extra,
                                    entry=(str(Path(__file__).resolve()), "--child"))
         try:
             return self.bench.finish(process)

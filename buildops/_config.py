@@ -286,9 +286,6 @@ class _Settings:
                                         choices=("warn", "error", "ignore"))
     autotune = _Flag("BUILDOPS_AUTOTUNE", "On a GPU, run the autotuning of @triton.autotune launches in the build "
                      "(on zeros), not at first use.", lambda: True)
-    load_functions = _Flag("BUILDOPS_LOAD_FUNCTIONS", "On a GPU, finish loading each Triton build's kernel in the "
-                           "build, where CUDA's lazy loading (CUDA_MODULE_LOADING=LAZY, its default) would leave it "
-                           "to the first launch (cuFuncLoad, CUDA 12.4 and later).", lambda: True)
     triton_target = _Target("BUILDOPS_TRITON_TARGET", "The target Triton builds compile for on a machine without a "
                             "GPU driver (BACKEND:ARCH).", lambda: ("cuda", 90))
     switch_interval_us = _Whole("BUILDOPS_SWITCH_INTERVAL_US", "The GIL's switch interval (microseconds) at most, "

@@ -9,7 +9,7 @@ import types
 import pytest
 
 from buildops._core import extensions
-from buildops._runtime import forking, lazy_loading, patching
+from buildops._runtime import forking, patching
 from buildops._runtime.hooks import Hooks
 
 from conftest import WAIT
@@ -162,39 +162,3 @@ def test_a_turn_goes_to_the_first_urgent_waiter_else_to_the_oldest():
     for thread in threads:
         thread.join(WAIT)
     assert order == ["holder", "c", "a", "b"] and turns._held == 0
-
-
-class _FakeCudaDriver:
-    """libcuda's cuFuncIsLoaded and cuFuncLoad as ctypes calls them, over a table of loaded functions; records
-    each call."""
-
-    def __init__(self, loaded, status=0):
-        self.loaded, self.status, self.calls = loaded, status, []
-
-    def cuFuncIsLoaded(self, state, function):
-        self.calls.append(("cuFuncIsLoaded", function.value))
-        state._obj.value = 1 if self.loaded.get(function.value) else 0
-        return self.status
-
-    def cuFuncLoad(self, function):
-        self.calls.append(("cuFuncLoad", function.value))
-        self.loaded[function.value] = True
-        return 0
-
-
-def test_a_function_that_lazy_loading_left_is_loaded_once_and_a_loaded_one_is_left(monkeypatch):
-    driver = _FakeCudaDriver({0x10: False, 0x20: True})
-    monkeypatch.setattr(lazy_loading, "_driver", lambda: driver)
-    assert lazy_loading.function_loaded(0x10) is False
-    assert lazy_loading.load_function(0x10) is True and lazy_loading.function_loaded(0x10) is True
-    assert lazy_loading.load_function(0x10) is False and lazy_loading.load_function(0x20) is False
-    assert [call for call in driver.calls if call[0] == "cuFuncLoad"] == [("cuFuncLoad", 0x10)]
-
-
-def test_where_the_driver_cannot_tell_nothing_is_loaded(monkeypatch):
-    monkeypatch.setattr(lazy_loading, "_driver", lambda: None)  # no driver, or one older than CUDA 12.4
-    assert lazy_loading.function_loaded(0x10) is None and lazy_loading.load_function(0x10) is None
-    failing = _FakeCudaDriver({}, status=500)  # CUDA_ERROR_NOT_FOUND: not a function of this context
-    monkeypatch.setattr(lazy_loading, "_driver", lambda: failing)
-    assert lazy_loading.load_function(0x10) is None
-    assert failing.calls == [("cuFuncIsLoaded", 0x10)]

@@ -275,24 +275,6 @@ def test_worker_processes_build_into_the_cache_and_the_parent_compiles_nothing(f
     assert len(fresh_triton) == 3 and parent_compiles == [False] * 3  # and later finds it in memory
 
 
-def test_a_build_loads_its_kernels_module_then_the_function_lazy_loading_left(monkeypatch):
-    loaded = []
-    monkeypatch.setattr(triton_build, "load_function", loaded.append)
-
-    class Kernel:  # what a load touches of a CompiledKernel
-        function = None
-
-        def _init_handles(self):
-            self.function = 0xF00  # cuModuleLoadData, cuModuleGetFunction
-
-    triton_build.load_kernel(Kernel())
-    assert loaded == [0xF00]
-    with settings.scope(load_functions=False):
-        kernel = Kernel()
-        triton_build.load_kernel(kernel)
-    assert kernel.function == 0xF00 and loaded == [0xF00]  # the module only: its function left to the launch
-
-
 def test_a_build_reaches_its_worker_before_this_process_hashes_triton(monkeypatch):
     steps = []  # the hash is only for this process's warmup; the first builds of a start used to wait for it
     monkeypatch.setattr(triton_build, "compile_shipped", lambda *args: steps.append("worker compiles"))

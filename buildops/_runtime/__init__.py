@@ -2,6 +2,6 @@
 
 ``forking`` (what a forked child forgets), ``patching`` (temporary patches of third-party functions), ``hooks``
 (what the layers above ask to run at shutdown and reset), ``gil`` (the switch interval while builds run),
-``node`` (claims shared by a node's processes), ``gpu`` (worker streams and the memory gate), ``lazy_loading``
-(CUDA's lazy loading of one function), ``pools`` (worker processes). Importing this package imports none of them.
+``node`` (claims shared by a node's processes), ``gpu`` (worker streams and the memory gate), ``pools`` (worker
+processes). Importing this package imports none of them.
 """

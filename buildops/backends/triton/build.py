@@ -2,7 +2,7 @@
 
 With worker processes, a worker compiles the variant into the shared Triton cache and the warmup here is then a
 disk-cache hit that puts the kernel in this process's memory. On a GPU the build also makes the kernel's launcher
-and loads its module and function, so that the first launch pays neither compile nor load.
+and loads its module, so that the first launch pays neither compile nor load.
 """
 
 from __future__ import annotations
@@ -18,17 +18,16 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from ..._config import settings, triton_executor
+from ..._config import triton_executor
 from ..._runtime import children
 from ..._runtime.forking import forget_in_child
-from ..._runtime.lazy_loading import load_function
 from . import entries, worker
 from .driver import compile_only, inner_jit, kernel_name
 from .patches import building
 from .pool import workers
 from .shipping import ShippedKernel, describe
 
-__all__ = ["LAUNCHER_WAIT_SECONDS", "WarmupRun", "hash_triton_install", "load_kernel"]
+__all__ = ["LAUNCHER_WAIT_SECONDS", "WarmupRun", "hash_triton_install"]
 
 logger = logging.getLogger("buildops")
 
@@ -148,7 +147,10 @@ class WarmupRun:
                     kernel = worker.warmup(self.jit, self.args, self.kwargs)
                 self.cached = self._cached(compiled, compiles)
                 _make_launcher(kernel)
-                load_kernel(kernel)
+                # One load at a time: loads contending for the driver only slow each other
+                # (docs/decisions/0015-launchers-once-per-signature.md).
+                with _load_lock:
+                    kernel._init_handles()
             return kernel
 
     @staticmethod
@@ -158,16 +160,6 @@ class WarmupRun:
         if compiled_in_worker is not None:
             return not compiled_in_worker
         return worker.found_cached(compiles)
-
-
-def load_kernel(kernel: Any) -> None:
-    """Load the kernel's module (``_init_handles``) and, with ``BUILDOPS_LOAD_FUNCTIONS`` (the default), finish
-    loading its function where CUDA's lazy loading left it to the first launch. One load at a time: loads
-    contending for the driver only slow each other (docs/decisions/0015-launchers-once-per-signature.md)."""
-    with _load_lock:
-        kernel._init_handles()
-        if settings.load_functions and kernel.function:
-            load_function(kernel.function)  # never raises: a load that fails here is left to the first launch
 
 
 def _make_launcher(kernel: Any) -> None:
