@@ -7,9 +7,9 @@ start on an empty Triton cache, (d) a restart on the cache it left. The arms tak
 order that alternates from round to round. Every start is a fresh process that reads the checkpoint from disk and
 serves what the example serves: 4 requests, then the first one 5 times more, whose median is the steady state.
 
-    before  the start ends once the builds serving needs are done
-    after   the example's --warm-request: the start then ends with one short real request (rehearse_then_load's
-            warm)
+    before  the example's --no-warm-request: the start ends once the builds serving needs are done
+    after   the example's --warm-request (its default): the start then ends with one short real request
+            (rehearse_then_load's warm)
 
 Each start runs the example's own main in a child (this script with --child), which times every request and
 records around the first one and a steady one: the main thread's CPU time against the process's (other threads),
@@ -52,8 +52,8 @@ from typing import Any  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# arm -> the example's flags
-ARMS: dict[str, tuple[str, ...]] = {"before": (), "after": ("--warm-request",)}
+# arm -> the example's flags: both named, so that an arm stays what it is whatever the example's default
+ARMS: dict[str, tuple[str, ...]] = {"before": ("--no-warm-request",), "after": ("--warm-request",)}
 # The caching allocator's counters compared over a request (those this torch has)
 MEMORY_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams",
                "segment.all.allocated", "reserved_bytes.all.current")

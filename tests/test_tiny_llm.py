@@ -139,3 +139,14 @@ def test_the_chunked_gpu_load_matches_safetensors(tmp_path, monkeypatch):
     load_checkpoint(model, path)
     saved = load_file(path)
     assert all(torch.equal(param.cpu(), saved[name]) for name, param in model.named_parameters())
+
+
+def test_a_buildops_start_ends_with_a_warm_request_unless_told_not_to(capsys):
+    from examples.tiny_llm.__main__ import parse_args
+
+    assert parse_args([]).warm_request is True
+    assert parse_args(["--no-warm-request"]).warm_request is False
+    assert parse_args(["--start", "lazy"]).warm_request is False  # a step of the buildops start only
+    with pytest.raises(SystemExit):
+        parse_args(["--start", "warmup", "--warm-request"])
+    assert "--warm-request is a step of the buildops start" in capsys.readouterr().err

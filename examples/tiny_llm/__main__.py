@@ -5,12 +5,12 @@
     buildops  start the build workers (before importing torch) -> create the model (its GEMM builds queue from
               the configuration, before the allocation) -> dummy weights -> rehearsal (a context batch at the
               maximum token count, one decode step) with the checkpoint's load begun beside it, the builds
-              running meanwhile -> join the GPU builds -> collect the garbage and freeze the heap -> serve.
-              ``--load-after-rehearsal`` begins the load once the rehearsal is done, for comparison: slower in 7
-              of 8 runs while the rehearsal took seconds, within the noise since it takes 0.15 s
-              (docs/benchmarks.md). ``--warm-request`` ends the start with one short real request
-              (``TinyLlm.warm_request``), so that the first request does not pay what a process does once
-              (benchmarks/first_request.py)
+              running meanwhile -> join the GPU builds -> one short real request (``TinyLlm.warm_request``), so
+              that the first request does not pay what a process does once -> collect the garbage and freeze
+              the heap -> serve. ``--load-after-rehearsal`` begins the load once the rehearsal is done, for
+              comparison: slower in 7 of 8 runs while the rehearsal took seconds, within the noise since it
+              takes 0.15 s. ``--no-warm-request`` leaves the warm request out, for comparison
+              (docs/benchmarks.md)
     warmup    create -> load -> the same two forwards for real, one kernel compile after another -> serve
     lazy      create -> load -> serve (every kernel compiles in the first requests)
 
@@ -59,7 +59,7 @@ PROMPT_LENGTHS = (23, 100, 7, 61)  # none a power of two: serving sees token cou
 logger = logging.getLogger("tiny_llm")
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--start", choices=("buildops", "warmup", "lazy"), default="buildops")
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
@@ -71,13 +71,16 @@ def parse_args() -> argparse.Namespace:
                              "(see rehearse_then_load)")
     parser.add_argument("--no-family", action="store_true",
                         help="buildops start without the GEMM family: the rehearsal lists everything")
-    parser.add_argument("--warm-request", action="store_true",
+    parser.add_argument("--warm-request", action=argparse.BooleanOptionalAction,
                         help="buildops start that ends with one short real request (rehearse_then_load's warm), "
-                             "so that the first request does not pay what is done once per process")
+                             "so that the first request does not pay what is done once per process (the default "
+                             "of a buildops start)")
     parser.add_argument("--json", help="write the results here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.warm_request and args.start != "buildops":
         parser.error("--warm-request is a step of the buildops start")
+    if args.warm_request is None:
+        args.warm_request = args.start == "buildops"
     return args
 
 
