@@ -106,10 +106,10 @@ def test_the_server_dies_with_the_process_that_started_it(tmp_path):
     """)
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        pid, port = map(int, parent.stdout.readline().split())
+        pid, _port = map(int, parent.stdout.readline().split())
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait(WAIT)
         parent.stdout.close()
     assert until(lambda: _gone(pid)), f"redis-server {pid} outlived the process that started it"
-    assert _refuses_connections(port)
+    # Not whether its port refuses: while the orphan dies unobserved, another test's server may take that free port.
