@@ -15,23 +15,13 @@ import torch
 from flashinfer.jit.activation import gen_act_and_mul_module
 
 import buildops
-from buildops import BuildConfig, DynamicSpec, build_pass, lists_kernels, report
-from buildops.backends.flashinfer import module_builds
+from buildops import build_pass, report
+
+from flashinfer_ops import silu_and_mul
 
 library = Path(gen_act_and_mul_module("silu").jit_library_path)
 if sys.argv[1:] == ["tamper"]:
     library.write_bytes(library.read_bytes() + b"\0")
-
-
-@lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep="exact")), output="x")
-def silu_and_mul(x):
-    return flashinfer.activation.silu_and_mul(x)
-
-
-@silu_and_mul.lister
-def _(x):
-    return module_builds("silu_and_mul", [gen_act_and_mul_module("silu")])
-
 
 with build_pass("warmup"):
     silu_and_mul(torch.zeros(4, 256, dtype=torch.float16))
