@@ -484,9 +484,9 @@ class Runner:
 
 def write_json(path: Path | None, data: dict[str, Any]) -> None:
     if path is not None:
-        partial = path.with_suffix(path.suffix + ".partial")
-        partial.write_text(json.dumps(data, indent=1, default=str))
-        partial.replace(path)
+        from buildops._runtime.files import write_atomically
+
+        write_atomically(path, json.dumps(data, indent=1, default=str))
 
 
 def profile(runner: Runner, arm: str, cache: Path, keep: Path | None) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from .._core.build import Build
 from .._runtime.gpu import run_admitted
 from .._runtime.pools import WorkerPool
 from .deep_gemm_entries import DeepGemmEntries, entry_names, making_entries
+from .deep_gemm_knobs import DEFAULT_ALIGNMENT as _ALIGN_M
 from .deep_gemm_knobs import DEFAULT_SMS as _DEFAULT_SMS
 from .deep_gemm_knobs import Knobs, contiguous_alignment, device_sms, engine_knobs, on_device, set_in_worker
 from .deep_gemm_late import note_built, note_module
@@ -48,7 +49,6 @@ KINDS = {
     "masked": "m_grouped_fp8_gemm_nt_masked",
 }
 _BLOCK = 128        # DeepGEMM's scaling block along N and K
-_ALIGN_M = 128      # DeepGEMM's default alignment of each expert's rows in the contiguous layout
 _MASKED_ROWS = 64   # what each expert's rows in the masked layout must be a multiple of
 
 # What the relaxed M sweep (m_values) knows of DeepGEMM's heuristics:

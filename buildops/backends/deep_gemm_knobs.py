@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_SMS", "Knobs", "contiguous_alignment", "device_sms", "engine_knobs", "on_device",
-           "set_in_worker"]
+__all__ = ["DEFAULT_ALIGNMENT", "DEFAULT_SMS", "Knobs", "contiguous_alignment", "device_sms", "engine_knobs",
+           "on_device", "set_in_worker"]
 
 Knobs = tuple[tuple[str, Any], ...]
 
@@ -33,9 +33,9 @@ _KNOBS = {
     "ignore_compile_dims": ("get_ignore_compile_dims", "set_ignore_compile_dims"),
     "block_size_multiple_of": ("get_block_size_multiple_of", "set_block_size_multiple_of"),
 }
-_DEFAULT_ALIGNMENT = 128  # DeepGEMM's alignment of each expert's rows in the contiguous layout, by default
+DEFAULT_ALIGNMENT = 128  # DeepGEMM's alignment of each expert's rows in the contiguous layout, by default
 # DeepGEMM's defaults (num_sms: all of the GPU's); a setting with no known default is always taken.
-_DEFAULTS: dict[str, Any] = {"tc_util": 100, "mk_alignment_for_contiguous_layout": _DEFAULT_ALIGNMENT}
+_DEFAULTS: dict[str, Any] = {"tc_util": 100, "mk_alignment_for_contiguous_layout": DEFAULT_ALIGNMENT}
 
 _worker_defaults: dict[str, dict[str, Any]] = {}  # module -> its settings as this process first found them
 
@@ -85,4 +85,4 @@ def set_in_worker(deep_gemm: Any, module: str, knobs: Sequence[tuple[str, Any]])
 def contiguous_alignment(deep_gemm: Any) -> int:
     """The alignment of each expert's rows in the contiguous layout now in force."""
     getter: Any = getattr(deep_gemm, _KNOBS["mk_alignment_for_contiguous_layout"][0], None)
-    return int(getter()) if getter is not None else _DEFAULT_ALIGNMENT
+    return int(getter()) if getter is not None else DEFAULT_ALIGNMENT
