@@ -273,6 +273,8 @@ def start_row(result: dict[str, Any]) -> dict[str, Any]:
     return {
         "ready_s": result["ready_s"], "first_ms": walls[first_index] * 1e3, "steady_ms": walls[median] * 1e3,
         "ratio": walls[first_index] / walls[median], "extra_ms": (walls[first_index] - walls[median]) * 1e3,
+        # the control: the slowest repeat of one request against the same median (the host's swing, no first use)
+        "repeat_ratio": max(walls[i] for i in steady) / walls[median],
         # the extra in the context forward's host time, and in the decode steps' (their launches, no waits)
         "extra_context_ms": (forwards[first_index][0] - forwards[median][0]) * 1e3,
         "extra_decode_ms": (sum(forwards[first_index][1:]) - sum(forwards[median][1:])) * 1e3,
@@ -292,6 +294,7 @@ def describe_start(label: str, row: dict[str, Any]) -> str:
 
 
 TABLE = (("first ms", "first_ms", "{:8.1f}"), ("steady ms", "steady_ms", "{:9.1f}"), ("ratio", "ratio", "{:5.2f}"),
+         ("repeat ratio", "repeat_ratio", "{:12.2f}"),
          ("extra ms", "extra_ms", "{:8.1f}"), ("in context", "extra_context_ms", "{:10.1f}"),
          ("in decode", "extra_decode_ms", "{:9.1f}"), ("first CPU ms", "first_cpu_ms", "{:12.1f}"),
          ("steady CPU ms", "steady_cpu_ms", "{:13.1f}"),
@@ -306,18 +309,20 @@ def medians(rows: list[dict[str, Any]], arms: list[str]) -> list[dict[str, Any]]
             chosen = [r for r in rows if r["start"] == kind and r["arm"] == arm]
             if chosen:
                 line = {"start": kind, "arm": arm, "n": len(chosen),
-                        "worst_ratio": max(r["ratio"] for r in chosen)}
+                        "worst_ratio": max(r["ratio"] for r in chosen),
+                        "worst_repeat": max(r["repeat_ratio"] for r in chosen)}
                 line.update({key: statistics.median(r[key] for r in chosen) for _, key, _ in TABLE})
                 table.append(line)
     return table
 
 
 def format_table(table: list[dict[str, Any]]) -> str:
-    head = f"{'start':5} {'arm':7} {'n':>2} " + " ".join(title for title, _, _ in TABLE) + "  worst ratio"
+    head = f"{'start':5} {'arm':7} {'n':>2} " + " ".join(title for title, _, _ in TABLE) + "  worst ratio  worst repeat"
     lines = [head]
     for line in table:
         cells = " ".join(fmt.format(line[key]).rjust(len(title)) for title, key, fmt in TABLE)
-        lines.append(f"{line['start']:5} {line['arm']:7} {line['n']:2d} {cells}  {line['worst_ratio']:11.2f}")
+        lines.append(f"{line['start']:5} {line['arm']:7} {line['n']:2d} {cells}  {line['worst_ratio']:11.2f}"
+                     f"  {line['worst_repeat']:12.2f}")
     return "\n".join(lines)
 
 
@@ -406,9 +411,9 @@ def profile_diff(directory: Path, record: dict[str, Any], top: int = 15) -> tupl
                       for name, row in ops.items()), key=lambda r: -r[1])
     op_rows = [r for r in op_rows if r[1] > 0][:top]
     lines.append("CPU ops, time beyond the steady request's (inclusive ms: first, steady; calls):")
-    for name, more, row, other in op_rows:
+    for name, beyond, row, other in op_rows:
         other = other or [0, 0.0, 0.0]
-        lines.append(f"  {more:8.2f} more  {row[1]:8.2f} {other[1]:8.2f}  {int(row[0]):6d} {int(other[0]):6d}  "
+        lines.append(f"  {beyond:8.2f} more  {row[1]:8.2f} {other[1]:8.2f}  {int(row[0]):6d} {int(other[0]):6d}  "
                      f"{name[:70]}")
 
     calls = {**steady.get("runtime", {}), **steady.get("driver", {})}
@@ -587,7 +592,8 @@ def main(argv: list[str]) -> None:
         table = medians(rows, args.arms)
         if table:
             print(f"\nfirst request against the steady median, medians over {rounds_done or 'the started'} "
-                  f"round(s) (ratio: of the same start; worst: the highest ratio):")
+                  f"round(s) (ratio: of the same start; repeat ratio: its slowest repeat of one request, the "
+                  f"host's own swing; worst: the highest over the starts):")
             print(format_table(table))
         tokens = {json.dumps(r["tokens"]) for r in rows}
         if len(tokens) > 1:
