@@ -3,6 +3,7 @@ installed on the CPU machines)."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,6 +79,55 @@ def test_builds_dedup_by_shape_and_m_set():
     assert len(builds) == 2 and all(b.library == "deep_gemm" and not b.uses_gpu for b in builds)
     again = deep_gemm_builds(shapes[:1], 100, mode="relaxed", module="fake_deep_gemm", device="cpu")
     assert again[0].key != builds[0].key  # another M set is another build
+
+
+def test_ranks_on_gpus_of_one_kind_share_a_build():
+    """The node claims key on the build's key: with the GPU's index in it, every rank of a tensor-parallel job
+    would compile every kernel again."""
+    shape = [GemmShape("dense", 512, 256)]
+    first, second = (deep_gemm_builds(shape, 100, module="fake_deep_gemm", device=device)[0]
+                     for device in ("cpu:0", "cpu:1"))
+    assert first.key == second.key and first.artifact.identity() == second.artifact.identity()
+    assert (first.run.device, second.run.device) == ("cpu:0", "cpu:1")  # each rank runs on its own
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_weights_on_meta_build_for_the_current_gpu():
+    model = nn.Module()
+    model.w = nn.Parameter(torch.empty(512, 256, dtype=torch.float8_e4m3fn, device="meta"), requires_grad=False)
+    family = DeepGemmFamily(max_tokens=lambda config: 64, module="fake_deep_gemm")
+    [build] = family.builds(model, None)
+    assert build.uses_gpu and build.run.device == f"cuda:{torch.cuda.current_device()}"
+
+
+@pytest.mark.parametrize("make, error", [
+    (lambda: DeepGemmFamily(max_tokens=8192), r"DeepGemmFamily\(max_tokens=8192\).*max_tokens=lambda config"),
+    (lambda: DeepGemmFamily(max_tokens=lambda c: 8, top_k=8), r"DeepGemmFamily\(top_k=8\).*top_k=lambda config"),
+    (lambda: DeepGemmFamily(max_tokens=lambda c: 8, grouped="masked"),
+     r"DeepGemmFamily\(grouped='masked'\).*grouped=\('masked',\)"),
+    (lambda: find_gemm_shapes(MoE(), grouped=("dense",)), r"find_gemm_shapes\(grouped=\('dense',\)\)"),
+    (lambda: deep_gemm_builds([(4096, 7168)], 64, module="fake_deep_gemm", device="cpu"),
+     r"deep_gemm_builds\('deep_gemm'\) shapes: \(4096, 7168\) is not a GemmShape.*GemmShape\('dense', n, k\)"),
+    (lambda: deep_gemm_builds([GemmShape("dense", 512, 256)], None, module="fake_deep_gemm", device="cpu"),
+     r"deep_gemm_builds\('deep_gemm'\) max_tokens=None: expected an int"),
+    (lambda: m_values(100, 512, "ful"), r"m_values mode='ful': expected one of \['relaxed', 'full', 'off'\]"),
+])
+def test_bad_arguments_name_the_call_the_argument_and_the_fix(make, error):
+    with pytest.raises((TypeError, ValueError), match=error):
+        make()
+
+
+def test_deep_gemms_cache_is_found_where_its_compiler_puts_it(monkeypatch, tmp_path):
+    from buildops.backends.deep_gemm_entries import cache_root
+
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "dg"))
+    assert cache_root() == tmp_path / "dg"
+    monkeypatch.delenv("DG_JIT_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache_root() == tmp_path / ".deep_gemm"
+    monkeypatch.delenv("HOME")  # DeepGEMM then writes under the working directory; no error in a serving call
+    assert cache_root() == Path(".deep_gemm")
 
 
 @pytest.mark.parametrize("executor", ["threads", "processes"])

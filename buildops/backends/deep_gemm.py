@@ -37,7 +37,15 @@ from .._runtime.pools import WorkerPool
 from .deep_gemm_entries import DeepGemmEntries, entry_names, making_entries
 from .deep_gemm_knobs import DEFAULT_ALIGNMENT as _ALIGN_M
 from .deep_gemm_knobs import DEFAULT_SMS as _DEFAULT_SMS
-from .deep_gemm_knobs import Knobs, contiguous_alignment, device_sms, engine_knobs, on_device, set_in_worker
+from .deep_gemm_knobs import (
+    Knobs,
+    contiguous_alignment,
+    device_arch,
+    device_sms,
+    engine_knobs,
+    on_device,
+    set_in_worker,
+)
 from .deep_gemm_late import note_built, note_module
 
 __all__ = ["DeepGemmFamily", "GemmShape", "contiguous_rows", "deep_gemm_builds", "find_gemm_shapes", "m_values",
@@ -52,6 +60,8 @@ _BLOCK = 128        # DeepGEMM's scaling block along N and K
 _MASKED_ROWS = 64   # what each expert's rows in the masked layout must be a multiple of
 
 # What the relaxed M sweep (m_values) knows of DeepGEMM's heuristics:
+_MODES = ("relaxed", "full", "off")
+_GROUPED = ("contiguous", "masked")
 _SMALL_MS = (1, 2, 4, *range(8, 65, 8))   # small Ms, each of which may pick its own kernel
 _BLOCK_MS = (64, 128, 256)                # its block heights
 _BLOCK_N_STEP, _BLOCK_N_MAX = 16, 256     # its block widths: multiples of 16 up to 256
@@ -131,6 +141,8 @@ def m_values(max_tokens: int, n: int, mode: str | None = None, sms: int = _DEFAU
         sms: the GPU's multiprocessors (default 132, an H100's or H200's).
     """
     mode = mode or settings.deep_gemm_m
+    if mode not in _MODES:
+        raise ValueError(f"m_values mode={mode!r}: expected one of {list(_MODES)} (as BUILDOPS_DEEP_GEMM_M)")
     if mode == "off" or max_tokens < 1:
         return ()
     if mode == "full":
@@ -152,6 +164,7 @@ def find_gemm_shapes(model: nn.Module, grouped: Sequence[str] = ("contiguous",))
         model: the model, whose parameters' shapes are read (their values need not be loaded).
         grouped: the grouped kinds each 3-D weight gets a shape of (how the model's MoE layers call DeepGEMM).
     """
+    grouped = _checked_grouped(grouped, "find_gemm_shapes")
     shapes: dict[GemmShape, None] = {}
     for parameter in model.parameters():
         if parameter.dtype != torch.float8_e4m3fn:
@@ -162,6 +175,13 @@ def find_gemm_shapes(model: nn.Module, grouped: Sequence[str] = ("contiguous",))
             for kind in grouped:
                 shapes[GemmShape(kind, parameter.shape[1], parameter.shape[2], parameter.shape[0])] = None
     return list(shapes)
+
+
+def _checked_grouped(grouped: Sequence[str], where: str) -> tuple[str, ...]:
+    if isinstance(grouped, str) or not all(kind in _GROUPED for kind in grouped):
+        raise ValueError(f"{where}(grouped={grouped!r}): expected a tuple of {' and/or '.join(map(repr, _GROUPED))}, "
+                         f"the layouts the model's MoE layers call DeepGEMM with, e.g. grouped=('masked',)")
+    return tuple(grouped)
 
 
 def contiguous_rows(max_tokens: int, experts: int, top_k: int = 1, align_m: int = _ALIGN_M) -> int:
@@ -198,6 +218,14 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
     """
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"deep_gemm_builds({op!r}) top_k={top_k!r}: expected an int >= 1")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise TypeError(f"deep_gemm_builds({op!r}) max_tokens={max_tokens!r}: expected an int, the most tokens a "
+                        f"forward takes")
+    shapes = list(shapes)
+    for shape in shapes:
+        if not isinstance(shape, GemmShape):
+            raise TypeError(f"deep_gemm_builds({op!r}) shapes: {shape!r} is not a GemmShape; make one with "
+                            f"GemmShape('dense', n, k) or GemmShape('contiguous', n, k, experts)")
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -210,10 +238,12 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
         ms = shape_ms(shape, max_tokens, mode, sms, top_k, align_m)
         if not ms:
             continue
-        key = ("deep_gemm", module, shape, ms, knobs, str(device))
+        # The GPU's kind, not its index: the ranks of a node on GPUs of one kind need the same kernels, and one
+        # key makes one of them compile them (node claims) while the others load them from the shared cache.
+        key = ("deep_gemm", module, shape, ms, knobs, device_arch(device), sms)
         label = f"{KINDS[shape.kind]} E={shape.experts} N={shape.n} K={shape.k} x {len(ms)} M"
         run = _GemmRun(module, shape, ms, str(device), op, knobs)
-        artifact = DeepGemmEntries(("deep_gemm", module, shape, ms, knobs), module, str(device), run)
+        artifact = DeepGemmEntries(key, module, str(device), run)
         builds[key] = Build(op, key, run, uses_gpu=device.type == "cuda", label=label, library="deep_gemm",
                             artifact=artifact)
     return list(builds.values())
@@ -235,17 +265,30 @@ class DeepGemmFamily:
 
     def __init__(self, max_tokens: Callable[[Any], int], grouped: Sequence[str] = ("contiguous",),
                  module: str = "deep_gemm", top_k: Callable[[Any], int] | None = None) -> None:
-        self.max_tokens, self.grouped, self.module, self.top_k = max_tokens, tuple(grouped), module, top_k
+        if not callable(max_tokens):
+            raise TypeError(_not_a_function("max_tokens", max_tokens, "config.max_num_batched_tokens"))
+        if top_k is not None and not callable(top_k):
+            raise TypeError(_not_a_function("top_k", top_k, "config.num_experts_per_tok"))
+        self.max_tokens, self.module, self.top_k = max_tokens, module, top_k
+        self.grouped = _checked_grouped(grouped, "DeepGemmFamily")
 
     def recognizes(self, model: Any, config: Any) -> bool:
         """Whether ``model`` is a torch module with FP8 weights."""
         return isinstance(model, nn.Module) and bool(find_gemm_shapes(model, self.grouped))
 
     def builds(self, model: Any, config: Any) -> list[Build]:
-        """The DeepGEMM builds of ``model``'s FP8 weight shapes, on the device they are on."""
+        """The DeepGEMM builds of ``model``'s FP8 weight shapes, on the device they are on (the current GPU for
+        weights on ``meta``, which have no storage yet)."""
         device = next((p.device for p in model.parameters() if p.dtype == torch.float8_e4m3fn), None)
+        if device is not None and device.type == "meta":
+            device = None
         return deep_gemm_builds(find_gemm_shapes(model, self.grouped), self.max_tokens(config), op=self.name,
                                 device=device, module=self.module, top_k=self.top_k(config) if self.top_k else 1)
+
+
+def _not_a_function(name: str, given: object, example: str) -> str:
+    return (f"DeepGemmFamily({name}={given!r}): expected a function of the model's config, "
+            f"e.g. {name}=lambda config: {example}")
 
 
 @dataclass(frozen=True)

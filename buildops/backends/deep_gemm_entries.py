@@ -29,6 +29,7 @@ from typing import Any
 from .._runtime.forking import forget_in_child
 from .._runtime.toolchain import tool_version
 from .cache_entries import CacheEntries
+from .deep_gemm_knobs import device_arch
 
 __all__ = ["DeepGemmEntries", "cache_root", "entries_being_made", "entry_names", "making_entries"]
 
@@ -36,8 +37,9 @@ __all__ = ["DeepGemmEntries", "cache_root", "entries_being_made", "entry_names",
 _REQUIRED = ("kernel.cu", "kernel.cubin")
 
 def cache_root() -> Path:
-    """DeepGEMM's cache directory, as its compiler picks it."""
-    return Path(os.environ.get("DG_JIT_CACHE_DIR") or Path.home() / ".deep_gemm")
+    """DeepGEMM's cache directory, as its compiler picks it: ``DG_JIT_CACHE_DIR``, else ``$HOME/.deep_gemm`` (with
+    ``HOME`` unset, ``.deep_gemm`` in the working directory)."""
+    return Path(os.environ.get("DG_JIT_CACHE_DIR") or Path(os.environ.get("HOME", "")) / ".deep_gemm")
 
 
 def entry_names() -> set[str]:
@@ -119,20 +121,10 @@ def _include_dir(module: str) -> str:
     return str(Path(os.path.abspath(path)).parent / "include") if path else "no include dir"
 
 
-def _device_arch(device: str) -> str:
-    import torch
-
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return dev.type
-    major, minor = torch.cuda.get_device_capability(dev)
-    return f"sm_{major}{minor}"
-
-
 class DeepGemmEntries(CacheEntries):
-    """The artifact of one DeepGEMM build (the ``Artifact`` contract): ``key`` is the build's key without its device
-    index (ranks on other GPUs of one kind share), ``module`` the DeepGEMM module, ``device`` where it runs, ``run``
-    the build's run, whose ``entries`` holds the entries that appeared while it ran."""
+    """The artifact of one DeepGEMM build (the ``Artifact`` contract): ``key`` is the build's key (which names the
+    GPU's kind, not its index: ranks on other GPUs of one kind share), ``module`` the DeepGEMM module, ``device``
+    where it runs, ``run`` the build's run, whose ``entries`` holds the entries that appeared while it ran."""
 
     def __init__(self, key: Hashable, module: str, device: str, run: Any) -> None:
         self.key, self.module, self.device, self.run = key, module, device, run
@@ -143,7 +135,7 @@ class DeepGemmEntries(CacheEntries):
             environment = sorted((k, v) for k, v in os.environ.items()
                                  if k.startswith("DG_") and k != "DG_JIT_CACHE_DIR")
             described = (f"deep_gemm|{self.key!r}|{_library_version(self.module)}|{_include_dir(self.module)}|"
-                         f"{_device_arch(self.device)}|{_nvcc_version()}|{environment!r}|{platform.machine()}")
+                         f"{device_arch(self.device)}|{_nvcc_version()}|{environment!r}|{platform.machine()}")
             self._identity = hashlib.sha256(described.encode()).hexdigest()
         return self._identity
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_ALIGNMENT", "DEFAULT_SMS", "Knobs", "contiguous_alignment", "device_sms", "engine_knobs",
-           "on_device", "set_in_worker"]
+__all__ = ["DEFAULT_ALIGNMENT", "DEFAULT_SMS", "Knobs", "contiguous_alignment", "device_arch", "device_sms",
+           "engine_knobs", "on_device", "set_in_worker"]
 
 Knobs = tuple[tuple[str, Any], ...]
 
@@ -49,6 +49,15 @@ def device_sms(device: torch.device | str) -> int:
     """The multiprocessors of ``device``, :data:`DEFAULT_SMS` for a CPU."""
     device = torch.device(device)
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else DEFAULT_SMS
+
+
+def device_arch(device: torch.device | str) -> str:
+    """The architecture DeepGEMM compiles ``device``'s kernels for (``sm_90``), or the device type of a CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
 
 
 def engine_knobs(module: str, device: torch.device | str = "cpu") -> Knobs:
