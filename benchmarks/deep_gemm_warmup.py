@@ -13,6 +13,7 @@ Needs a GPU and an importable ``deep_gemm``.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import random
@@ -109,7 +110,7 @@ def start(arm: str, args: argparse.Namespace, seed: int) -> dict:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise SystemExit(f"{arm} start failed:\n{done.stderr[-3000:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        return json.loads(done.stdout.rpartition("RESULT ")[2].splitlines()[0])
 
 
 def main() -> None:
@@ -124,7 +125,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.model, args.max_tokens, args.mode, args.top_k, args.seed)))
+        result = child(args.child, args.model, args.max_tokens, args.mode, args.top_k, args.seed)
+        # DeepGEMM's own printf output (a warning of its compiler) is flushed at exit, after Python's: flushed first
+        ctypes.CDLL(None).fflush(None)
+        print("RESULT " + json.dumps(result), flush=True)
         return
 
     results: list[dict] = []
