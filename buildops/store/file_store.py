@@ -4,8 +4,8 @@
 all of it or none). ``DIR/claims/<key>`` is a claim: made with ``O_EXCL`` holding the claimer's token; its
 modification time, set to the lease's end at each renewal, says when it lapses. A claim is made whole under a
 temporary name and hard-linked into place (the link fails if the claim exists). A node takes over a lapsed claim by
-renaming it aside first, which only one node can do. Lease ends are compared with this node's clock: the nodes'
-clocks must agree to well within a lease (NTP does).
+replacing it in one rename, once it has made a mark that only one claimer of that lapsed claim can make. Lease ends
+are compared with this node's clock: the nodes' clocks must agree to well within a lease (NTP does).
 """
 
 from __future__ import annotations
@@ -54,36 +54,60 @@ class FileStore(BuildStore):
         path, token = self._claims / check_key(key), secrets.token_hex(16)
         made = self._claims / f".{key}.{token}"
         try:
-            if _lapsed(path):
-                self._take_lapsed(path, made.with_name(made.name + ".aside"))  # a name of this claimer's own
             # Made whole aside (token and lease end), then linked into place: a claim is never seen half made.
             made.write_text(token)
             end = time.time() + lease
             os.utime(made, (end, end))
             try:
-                os.link(made, path)
-            except FileExistsError:
-                return None
+                try:
+                    os.link(made, path)
+                except FileExistsError:
+                    if not self._take_over(key, path, made):
+                        return None
             finally:
                 made.unlink(missing_ok=True)
         except OSError as error:
             raise self._fail("claim", error) from None
         return _FileLease(self, path, token, lease)
 
-    @staticmethod
-    def _take_lapsed(path: Path, aside: Path) -> None:
-        """Move a lapsed claim out of the way; only one node's rename succeeds. One renewed meanwhile goes back."""
+    def _take_over(self, key: str, path: Path, made: Path) -> bool:
+        """Put ``made`` in place of the claim at ``path`` if that one has lapsed; True if this claimer did.
+
+        The claim is replaced by one rename, so that ``path`` always holds a claim. Claimers that find the same
+        lapsed claim (the same file) first link a mark named by its inode: only the one whose link succeeds may
+        replace it, and it checks that ``path`` still is that file before it does. The mark is a link to the new
+        claim, so it lapses with it: a mark left by a claimer that died in between is removed by a later claim."""
         try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:  # released meanwhile: try once more
+            try:
+                os.link(made, path)
+                return True
+            except FileExistsError:
+                return False
         try:
-            if not _lapsed(aside):
-                os.link(aside, path)
-        except (FileExistsError, FileNotFoundError):  # another node claimed it meanwhile, or handled it
-            pass
+            lapsed = os.fstat(fd)
+            if lapsed.st_mtime >= time.time():
+                return False
+            mark = self._claims / f".{key}.taking.{lapsed.st_ino}"
         finally:
-            aside.unlink(missing_ok=True)
+            os.close(fd)
+        try:
+            os.link(made, mark)
+        except FileExistsError:
+            if _lapsed(mark):
+                mark.unlink(missing_ok=True)  # its claimer died before it finished; the next claim may try
+            return False
+        try:
+            here = os.stat(path, follow_symlinks=False)
+            if (here.st_dev, here.st_ino) != (lapsed.st_dev, lapsed.st_ino) or here.st_mtime >= time.time():
+                return False  # taken over, or renewed, meanwhile
+            os.replace(made, path)
+            return True
+        except FileNotFoundError:
+            return False
+        finally:
+            mark.unlink(missing_ok=True)
 
     def entries(self) -> Iterator[tuple[str, int]]:
         try:

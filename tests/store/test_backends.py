@@ -207,9 +207,12 @@ def test_two_processes_claiming_one_key_get_one_lease(redis_url, tmp_path):
 
 
 def test_a_lapsed_claim_is_taken_over_by_one_claimer(store):
-    assert store.claim(key("lapsing"), lease=0.2) is not None
-    time.sleep(0.4)
-    assert len(claimed_at_once(store, "lapsing")) == 1
+    # Rounds: a takeover that leaves the key without a claim for a moment let 2 of 8 claimers win in 4% of them.
+    for round_ in range(30):
+        name = f"lapsing-{round_}"
+        assert store.claim(key(name), lease=0.05) is not None
+        time.sleep(0.1)
+        assert len(claimed_at_once(store, name)) == 1, f"round {round_}"
 
 
 def test_a_lease_taken_over_is_not_renewed_and_its_release_spares_the_new_claim(store):
