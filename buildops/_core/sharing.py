@@ -5,7 +5,8 @@ path: one process of a node asks the store for a key):
 
 1. a key the local cache holds already (``known_locally``) skips the store;
 2. an artifact in the store is fetched, verified (:mod:`buildops.store.packing`) and installed into the local
-   cache; the run then finds it cached. A bad one is dropped, built here and stored again;
+   cache; the run then finds it cached. A bad one is dropped, built here and stored again; one that lacked an entry
+   (its first node had it from another build) is stored again with what the run compiled;
 3. otherwise the key is claimed in the store with a lease, renewed while it builds, and looked up once more
    (another node may have stored it and let go just before); after the run the artifact is stored and the claim
    released. A key another node holds is put back (the builder builds something else) and asked for again; it is
@@ -44,7 +45,7 @@ class StoreCounts:
     fetched: int = 0            # artifacts fetched and installed
     fetched_bytes: int = 0
     fetch_seconds: float = 0.0  # spent getting and installing them
-    stored: int = 0             # artifacts built here and put in the store
+    stored: int = 0             # artifacts put in the store: built here, or fetched and completed here
     stored_bytes: int = 0
     known_locally: int = 0      # builds whose artifact the local cache held: the store was not asked
     waited_for_others: int = 0  # builds put back at least once because another node held them
@@ -162,12 +163,21 @@ class StoreSharing:
         return True
 
     def after_build(self, record: _Shared) -> None:
-        """Store what ``record``'s run built here (not fetched, nor found locally), before its future is set."""
+        """Store what ``record``'s run built here (not fetched, nor found locally), or a fetched artifact with what
+        its run had to compile beyond it, before its future is set."""
         artifact = record.build.artifact
+        if artifact is None or self.off:
+            return
         built_here = record.lease is not None or record.outwaited  # both come after its identity was had
-        if not (built_here and artifact is not None and record.origin is None) or self.off:
+        grown = getattr(artifact, "collect_grown", None) if record.origin == "store" else None
+        if not (built_here and record.origin is None) and grown is None:
             return
         try:
+            if grown is not None:
+                files = grown()
+                if files:
+                    self._put_files(artifact.identity(), files)
+                return
             self._put(artifact.identity(), artifact)
         except StoreError as error:
             self._turn_off(error)
@@ -194,8 +204,10 @@ class StoreSharing:
 
     def _put(self, identity: str, artifact: Any) -> None:
         files = artifact.collect()
-        if not files:
-            return
+        if files:
+            self._put_files(identity, files)
+
+    def _put_files(self, identity: str, files: dict[str, bytes]) -> None:
         blob = pack(identity, files)
         self.store.put(identity, blob)
         self._count(stored=1, stored_bytes=len(blob))

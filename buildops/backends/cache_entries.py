@@ -71,14 +71,27 @@ class CacheEntries:
                 by_entry.setdefault(entry, {})[name] = data
         for entry, contents in by_entry.items():
             self.place_entry(entry, contents)
+        self._installed = set(by_entry)
         self._remember(list(by_entry))
 
     def collect(self) -> dict[str, bytes] | None:
+        return self._collect(self._made())
+
+    def collect_grown(self) -> dict[str, bytes] | None:
+        installed = getattr(self, "_installed", None)
+        made = self._made()
+        if not installed or made <= installed:
+            return None
+        return self._collect(made | installed)
+
+    def _made(self) -> set[str]:
+        return set(getattr(self.run, "entries", None) or ())
+
+    def _collect(self, names: set[str]) -> dict[str, bytes] | None:
         where = self.entries_dir()
         files: dict[str, bytes] = {}
         kept = []
-        names: list[str] = sorted(getattr(self.run, "entries", None) or [])
-        for entry in names:
+        for entry in sorted(names):
             try:
                 contents = self.read_entry(where / entry) if self.complete(where / entry) else {}
             except (OSError, ValueError):

@@ -21,13 +21,13 @@ def store_url(request, tmp_path):
     return request.getfixturevalue("redis_url") if request.param == "redis" else f"file://{tmp_path / 'store'}"
 
 
-def node(url, cache, log, monkeypatch, executor):
+def node(url, cache, log, monkeypatch, executor, shapes=SHAPES, threads=2):
     """One node's pass over the shapes; the fake's calls it made, and its builder."""
     monkeypatch.setenv("DG_JIT_CACHE_DIR", str(cache))
     monkeypatch.setenv("FAKE_DEEP_GEMM_LOG", str(log))
     with settings.scope(store=url, executor=executor):
-        builder = Builder(threads=2)
-        futures = [builder.submit(b) for b in deep_gemm_builds(SHAPES, 8, mode="full", module="fake_deep_gemm",
+        builder = Builder(threads=threads)
+        futures = [builder.submit(b) for b in deep_gemm_builds(shapes, 8, mode="full", module="fake_deep_gemm",
                                                                 device="cpu")]
         for future in futures:
             future.result(timeout=WAIT * 6)
@@ -47,3 +47,21 @@ def test_a_second_node_runs_deep_gemm_without_compiling(store_url, tmp_path, mon
     assert sorted(p.name for p in (tmp_path / "b" / "cache").iterdir()) == \
         sorted(p.name for p in (tmp_path / "a" / "cache").iterdir())
     assert not list((tmp_path / "b" / "tmp").glob("buildops-*")), "an install left its staging directory"
+
+
+def test_an_artifact_that_lacked_an_entry_is_completed_by_the_next_node_that_fetches_it(store_url, tmp_path,
+                                                                                     monkeypatch):
+    """Two dense shapes of one K share the kernel that transposes the activations' scales: on the first node the
+    second shape's build finds it made by the first's, so its artifact lacks it. A node that fetches only that
+    artifact compiles it, and stores the artifact again with it: the next node compiles nothing."""
+    shapes = [GemmShape("dense", 256, 128), GemmShape("dense", 512, 128)]
+    _, first = node(store_url, tmp_path / "a", tmp_path / "a.jsonl", monkeypatch, "threads", shapes, threads=1)
+    assert first.store_counts().stored == 2
+    compiled = []
+    for name in ("b", "c"):
+        calls, builder = node(store_url, tmp_path / name, tmp_path / f"{name}.jsonl", monkeypatch, "threads",
+                              shapes[1:])
+        compiled.append(sorted({entry.split(".")[1] for call in calls for entry in call["compiled"]}))
+        assert builder.store_counts().fetched == 1
+        assert builder.store_counts().stored == (1 if name == "b" else 0)
+    assert compiled == [["transpose_fp32"], []]
