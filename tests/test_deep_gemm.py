@@ -112,10 +112,18 @@ def test_weights_on_meta_build_for_the_current_gpu():
     (lambda: deep_gemm_builds([GemmShape("dense", 512, 256)], None, module="fake_deep_gemm", device="cpu"),
      r"deep_gemm_builds\('deep_gemm'\) max_tokens=None: expected an int"),
     (lambda: m_values(100, 512, "ful"), r"m_values mode='ful': expected one of \['relaxed', 'full', 'off'\]"),
+    (lambda: DeepGemmFamily(max_tokens=lambda c: 8, grouped=True), r"DeepGemmFamily\(grouped=True\)"),
 ])
 def test_bad_arguments_name_the_call_the_argument_and_the_fix(make, error):
     with pytest.raises((TypeError, ValueError), match=error):
         make()
+
+
+def test_the_family_takes_any_sequence_of_layouts_and_integer_token_counts():
+    assert DeepGemmFamily(max_tokens=len, grouped=(kind for kind in ["masked"])).grouped == ("masked",)
+    assert DeepGemmFamily(max_tokens=len, grouped=["contiguous", "masked"]).grouped == ("contiguous", "masked")
+    [build] = deep_gemm_builds([GemmShape("dense", 512, 256)], torch.tensor(64), module="fake_deep_gemm", device="cpu")
+    assert max(build.run.ms) == 64
 
 
 def test_deep_gemms_cache_is_found_where_its_compiler_puts_it(monkeypatch, tmp_path):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import operator
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -177,11 +178,15 @@ def find_gemm_shapes(model: nn.Module, grouped: Sequence[str] = ("contiguous",))
     return list(shapes)
 
 
-def _checked_grouped(grouped: Sequence[str], where: str) -> tuple[str, ...]:
-    if isinstance(grouped, str) or not all(kind in _GROUPED for kind in grouped):
+def _checked_grouped(grouped: Iterable[str], where: str) -> tuple[str, ...]:
+    try:
+        kinds = None if isinstance(grouped, str) else tuple(grouped)
+    except TypeError:  # not iterable
+        kinds = None
+    if kinds is None or not all(kind in _GROUPED for kind in kinds):
         raise ValueError(f"{where}(grouped={grouped!r}): expected a tuple of {' and/or '.join(map(repr, _GROUPED))}, "
                          f"the layouts the model's MoE layers call DeepGEMM with, e.g. grouped=('masked',)")
-    return tuple(grouped)
+    return kinds
 
 
 def contiguous_rows(max_tokens: int, experts: int, top_k: int = 1, align_m: int = _ALIGN_M) -> int:
@@ -218,9 +223,13 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
     """
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"deep_gemm_builds({op!r}) top_k={top_k!r}: expected an int >= 1")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+    try:
+        if isinstance(max_tokens, bool):
+            raise TypeError
+        max_tokens = operator.index(max_tokens)  # an int, or a NumPy or torch integer
+    except TypeError:
         raise TypeError(f"deep_gemm_builds({op!r}) max_tokens={max_tokens!r}: expected an int, the most tokens a "
-                        f"forward takes")
+                        f"forward takes") from None
     shapes = list(shapes)
     for shape in shapes:
         if not isinstance(shape, GemmShape):
