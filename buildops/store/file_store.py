@@ -58,37 +58,42 @@ class FileStore(BuildStore):
             made.write_text(token)
             end = time.time() + lease
             os.utime(made, (end, end))
+            mark = None
             try:
                 try:
                     os.link(made, path)
                 except FileExistsError:
-                    if not self._take_over(key, path, made):
+                    taken, mark = self._take_over(key, path, made)
+                    if not taken:
                         return None
             finally:
                 made.unlink(missing_ok=True)
         except OSError as error:
             raise self._fail("claim", error) from None
-        return _FileLease(self, path, token, lease)
+        return _FileLease(self, path, token, lease, mark)
 
-    def _take_over(self, key: str, path: Path, made: Path) -> bool:
-        """Put ``made`` in place of the claim at ``path`` if that one has lapsed; True if this claimer did.
+    def _take_over(self, key: str, path: Path, made: Path) -> tuple[bool, Path | None]:
+        """Put ``made`` in place of the claim at ``path`` if that one has lapsed. Returns whether this claimer did,
+        and the mark it then holds while it holds the claim (see below; None where it made none).
 
         The claim is replaced by one rename, so that ``path`` always holds a claim. Claimers that find the same
         lapsed claim (the same file) first link a mark named by its inode: only the one whose link succeeds may
-        replace it, and it checks that ``path`` still is that file before it does. The mark is a link to the new
-        claim, so it lapses with it: a mark left by a claimer that died in between is removed by a later claim."""
+        replace it, and it checks that ``path`` still is that file before it does. The winner keeps the mark until
+        it releases the claim, so that a claimer whose look at ``path`` is stale (an NFS client's attribute cache)
+        cannot take the lapsed claim over again. The mark is a link to the new claim: it lapses with it, and a mark
+        left by a claimer that died is removed by a later claim."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:  # released meanwhile: try once more
             try:
                 os.link(made, path)
-                return True
+                return True, None
             except FileExistsError:
-                return False
+                return False, None
         try:
             lapsed = os.fstat(fd)
             if lapsed.st_mtime >= time.time():
-                return False
+                return False, None
             mark = self._claims / f".{key}.taking.{lapsed.st_ino}"
         finally:
             os.close(fd)
@@ -96,18 +101,17 @@ class FileStore(BuildStore):
             os.link(made, mark)
         except FileExistsError:
             if _lapsed(mark):
-                mark.unlink(missing_ok=True)  # its claimer died before it finished; the next claim may try
-            return False
+                mark.unlink(missing_ok=True)  # its claimer died, or let its claim lapse; the next claim may try
+            return False, None
         try:
             here = os.stat(path, follow_symlinks=False)
-            if (here.st_dev, here.st_ino) != (lapsed.st_dev, lapsed.st_ino) or here.st_mtime >= time.time():
-                return False  # taken over, or renewed, meanwhile
-            os.replace(made, path)
-            return True
+            if (here.st_dev, here.st_ino) == (lapsed.st_dev, lapsed.st_ino) and here.st_mtime < time.time():
+                os.replace(made, path)
+                return True, mark
         except FileNotFoundError:
-            return False
-        finally:
-            mark.unlink(missing_ok=True)
+            pass
+        mark.unlink(missing_ok=True)  # taken over, renewed or released meanwhile
+        return False, None
 
     def entries(self) -> Iterator[tuple[str, int]]:
         try:
@@ -134,6 +138,10 @@ class FileStore(BuildStore):
         return removed
 
 
+# A claim this close to lapsing is left to lapse rather than unlinked by its release (capped at a quarter lease).
+_RELEASE_MARGIN_SECONDS = 1.0
+
+
 def _lapsed(path: Path) -> bool:
     try:
         return path.stat().st_mtime < time.time()
@@ -145,8 +153,8 @@ class _FileLease(Lease):
     """A claim file holding this claimer's token. Renewing and releasing act on the file this claimer made (its
     inode), never on one another node put at the path since."""
 
-    def __init__(self, store: FileStore, path: Path, token: str, lease: float) -> None:
-        self._store, self._path, self._token, self._lease = store, path, token.encode(), lease
+    def __init__(self, store: FileStore, path: Path, token: str, lease: float, mark: Path | None = None) -> None:
+        self._store, self._path, self._token, self._lease, self._mark = store, path, token.encode(), lease, mark
 
     def _open_mine(self) -> int | None:
         """A descriptor on the claim file if it is still this claimer's, else None."""
@@ -165,6 +173,8 @@ class _FileLease(Lease):
             if fd is None:
                 return False
             try:
+                if os.fstat(fd).st_mtime < time.time():
+                    return False  # lapsed: another claimer may be replacing it now
                 end = time.time() + self._lease
                 os.utime(fd, (end, end))
             finally:
@@ -183,11 +193,17 @@ class _FileLease(Lease):
             try:
                 mine = os.fstat(fd)
                 here = os.stat(self._path, follow_symlinks=False)
-                if (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):  # not replaced since it was read
+                # Not replaced since it was read, and not about to lapse: a claim that may be taken over while
+                # this unlinks it is left to lapse instead, so that the unlink never removes the new claimer's.
+                if (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino) and \
+                        mine.st_mtime > time.time() + min(_RELEASE_MARGIN_SECONDS, self._lease / 4):
                     self._path.unlink()
             finally:
                 os.close(fd)
         except FileNotFoundError:
-            return
+            pass
         except OSError as error:
             raise self._store._fail("release", error) from None
+        finally:
+            if self._mark is not None:
+                self._mark.unlink(missing_ok=True)

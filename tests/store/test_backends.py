@@ -215,6 +215,16 @@ def test_a_lapsed_claim_is_taken_over_by_one_claimer(store):
         assert len(claimed_at_once(store, name)) == 1, f"round {round_}"
 
 
+def test_a_lapsed_lease_is_not_renewed_and_its_release_leaves_the_key_claimable(store):
+    """A lapsed claim may be being taken over at that moment: renewing or unlinking it then could undo the
+    takeover, so it is neither renewed nor removed, and the next claim takes it over."""
+    old = store.claim(key("lapsed"), lease=0.05)
+    time.sleep(0.1)
+    assert old is not None and old.renew() is False
+    old.release()
+    assert store.claim(key("lapsed"), lease=30) is not None
+
+
 def test_a_lease_taken_over_is_not_renewed_and_its_release_spares_the_new_claim(store):
     old = store.claim(key("k"), lease=0.2)
     time.sleep(0.4)
