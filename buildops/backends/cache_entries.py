@@ -9,6 +9,7 @@ installed or an upload took for that identity, so that a node whose cache holds 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,11 @@ from .._runtime.files import write_atomically
 __all__ = ["CacheEntries"]
 
 MARKERS = "buildops-shared"
+
+# The entries this process's installs placed (or found), by cache directory, named before they appear: a run's new
+# entries are taken from its cache directory, where another build's install may put some meanwhile.
+_installed_here: dict[Path, set[str]] = {}
+_installed_lock = threading.Lock()
 
 
 class CacheEntries:
@@ -69,6 +75,8 @@ class CacheEntries:
             entry, _, name = path.partition("/")
             if name and "/" not in name:
                 by_entry.setdefault(entry, {})[name] = data
+        with _installed_lock:
+            _installed_here.setdefault(self.entries_dir(), set()).update(by_entry)
         for entry, contents in by_entry.items():
             self.place_entry(entry, contents)
         self._installed = set(by_entry)
@@ -79,10 +87,15 @@ class CacheEntries:
 
     def collect_grown(self) -> dict[str, bytes] | None:
         installed = getattr(self, "_installed", None)
-        made = self._made()
-        if not installed or made <= installed:
+        if not installed:
             return None
-        return self._collect(made | installed)
+        # What the run compiled: its new entries, less those an install of this process or an earlier fetch or
+        # upload on this node (its markers) put there, which appear beside a run that compiles nothing.
+        with _installed_lock:
+            grown = self._made() - installed - _installed_here.get(self.entries_dir(), set())
+        if grown:
+            grown -= self._marked()
+        return self._collect(installed | grown) if grown else None
 
     def _made(self) -> set[str]:
         return set(getattr(self.run, "entries", None) or ())
@@ -103,6 +116,22 @@ class CacheEntries:
             return None
         self._remember(kept)
         return files
+
+    def _marked(self) -> set[str]:
+        """The entries every marker of this cache names."""
+        names: set[str] = set()
+        try:
+            markers = list((self.marker_root() / MARKERS).iterdir())
+        except OSError:
+            return names
+        for marker in markers:
+            try:
+                listed = json.loads(marker.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(listed, list):
+                names.update(name for name in listed if isinstance(name, str))
+        return names
 
     def _marker(self) -> Path:
         return self.marker_root() / MARKERS / self.identity()
