@@ -107,11 +107,19 @@ class FileStore(BuildStore):
             here = os.stat(path, follow_symlinks=False)
             if (here.st_dev, here.st_ino) == (lapsed.st_dev, lapsed.st_ino) and here.st_mtime < time.time():
                 os.replace(made, path)
+                self._drop_lapsed_marks(key, mark)
                 return True, mark
         except FileNotFoundError:
             pass
         mark.unlink(missing_ok=True)  # taken over, renewed or released meanwhile
         return False, None
+
+    def _drop_lapsed_marks(self, key: str, kept: Path) -> None:
+        """Remove the key's marks whose claims lapsed unreleased (their holders died or gave them up), so that they
+        neither pile up nor hold up a later takeover. A live mark links to a live claim, and is kept."""
+        for mark in self._claims.glob(f".{key}.taking.*"):
+            if mark != kept and _lapsed(mark):
+                mark.unlink(missing_ok=True)
 
     def entries(self) -> Iterator[tuple[str, int]]:
         try:

@@ -225,6 +225,17 @@ def test_a_lapsed_lease_is_not_renewed_and_its_release_leaves_the_key_claimable(
     assert store.claim(key("lapsed"), lease=30) is not None
 
 
+def test_claims_taken_over_and_never_released_leave_no_files_behind(tmp_path):
+    """A directory store's takeover marks go with their claims: those of holders that never released (they died,
+    or their renewal failed) are removed by the next takeover, and never refuse it."""
+    store = open_store(f"file://{tmp_path}", timeout=5)
+    for round_ in range(20):
+        assert store.claim(key("abandoned"), lease=0.01) is not None, f"round {round_}"
+        time.sleep(0.02)
+    marks = [p.name for p in (tmp_path / "claims").iterdir() if ".taking." in p.name]
+    assert len(marks) <= 1, marks
+
+
 def test_a_lease_taken_over_is_not_renewed_and_its_release_spares_the_new_claim(store):
     old = store.claim(key("k"), lease=0.2)
     time.sleep(0.4)
