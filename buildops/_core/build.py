@@ -33,8 +33,9 @@ class Artifact(Protocol):
         None when there is nothing to share. It may remember that the
         local cache holds them (``known_locally``).
       * ``collect_grown()`` (optional) is called after a run whose artifact was fetched: the fetched files and
-        what the run compiled beyond them, stored again under the same identity, or None when it compiled nothing
-        (a fetched artifact can lack an entry its first node found in its own cache, made by another build).
+        what the run compiled beyond them, stored again under the same identity, or None when it compiled nothing.
+        For artifacts that can lack an entry their first node found in its cache (DeepGEMM's, which take what
+        appeared while the run ran).
       * None of them raises for a missing or foreign cache entry; any exception leaves the build to run unshared.
     """
 

@@ -85,12 +85,14 @@ class CacheEntries:
     def collect(self) -> dict[str, bytes] | None:
         return self._collect(self._made())
 
-    def collect_grown(self) -> dict[str, bytes] | None:
+    def grown_since_install(self) -> dict[str, bytes] | None:
+        """For a subclass whose runs' entries are only those that appeared while they ran (``collect_grown``): the
+        entries this artifact's install placed and those the run added, or None if it added none. Entries an install
+        of this process, or an earlier fetch or upload on this node (its markers), put there do not count: they
+        appear beside a run that compiles nothing."""
         installed = getattr(self, "_installed", None)
         if not installed:
             return None
-        # What the run compiled: its new entries, less those an install of this process or an earlier fetch or
-        # upload on this node (its markers) put there, which appear beside a run that compiles nothing.
         with _installed_lock:
             grown = self._made() - installed - _installed_here.get(self.entries_dir(), set())
         if grown:

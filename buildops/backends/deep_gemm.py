@@ -35,7 +35,7 @@ from .._config import settings
 from .._core.build import Build
 from .._runtime.gpu import run_admitted
 from .._runtime.pools import WorkerPool
-from .deep_gemm_entries import DeepGemmEntries, entry_names, making_entries
+from .deep_gemm_entries import DeepGemmEntries, entries_being_made, entry_names, making_entries
 from .deep_gemm_knobs import DEFAULT_ALIGNMENT as _ALIGN_M
 from .deep_gemm_knobs import DEFAULT_SMS as _DEFAULT_SMS
 from .deep_gemm_knobs import (
@@ -311,6 +311,8 @@ class _GemmRun:
     given_up: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
     in_worker: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
     entries: set[str] = field(default_factory=set, compare=False, repr=False)  # new in DeepGEMM's cache (store)
+    # Set when no other build or install of this process ran beside it: its new entries are then its own compiles
+    alone: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
     def abandon(self) -> None:
         """Given up as timed out (``Build`` contract): stop the workers if the run is stuck in one."""
@@ -320,6 +322,7 @@ class _GemmRun:
 
     def __call__(self) -> None:
         with making_entries():
+            making = entries_being_made()
             before = entry_names()
             try:
                 self._run()
@@ -327,6 +330,8 @@ class _GemmRun:
                 made = entry_names() - before
                 self.entries.update(made)
                 note_built(self.op, made)
+                if making[0] == 1 and entries_being_made() == making:
+                    self.alone.set()
 
     def _run(self) -> None:
         reserve = settings.gpu_reserve_mb  # read here: a worker process does not see this process's overrides

@@ -152,6 +152,12 @@ class DeepGemmEntries(CacheEntries):
     def complete(self, entry: Path) -> bool:
         return all((entry / name).is_file() for name in _REQUIRED)
 
+    def collect_grown(self) -> dict[str, bytes] | None:
+        # A build's artifact is what appeared in the cache while it ran, so it lacks an entry its node had already
+        # (the scales' transpose kernel, shared by the shapes of one K): the node that fetches it and compiles that
+        # completes it. The new entries are the run's own compiles only if nothing else of this process ran beside.
+        return self.grown_since_install() if self.run.alone.is_set() else None
+
     def place_entry(self, name: str, contents: dict[str, bytes]) -> None:
         if name.startswith("kernel.") and all(required in contents for required in _REQUIRED):
             _install_entry(cache_root(), name, contents)
