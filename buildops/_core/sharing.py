@@ -168,17 +168,18 @@ class StoreSharing:
         artifact = record.build.artifact
         if artifact is None or self.off:
             return
-        built_here = record.lease is not None or record.outwaited  # both come after its identity was had
-        grown = getattr(artifact, "collect_grown", None) if record.origin == "store" else None
-        if not (built_here and record.origin is None) and grown is None:
+        if record.origin == "store":
+            collect = getattr(artifact, "collect_grown", None)
+        elif record.lease is not None or record.outwaited:  # built here; both come after its identity was had
+            collect = artifact.collect
+        else:
+            return
+        if collect is None:
             return
         try:
-            if grown is not None:
-                files = grown()
-                if files:
-                    self._put_files(artifact.identity(), files)
-                return
-            self._put(artifact.identity(), artifact)
+            files = collect()
+            if files:
+                self._put(artifact.identity(), files)
         except StoreError as error:
             self._turn_off(error)
         except Exception:
@@ -202,12 +203,7 @@ class StoreSharing:
         for lease in leases:
             self._release(lease)
 
-    def _put(self, identity: str, artifact: Any) -> None:
-        files = artifact.collect()
-        if files:
-            self._put_files(identity, files)
-
-    def _put_files(self, identity: str, files: dict[str, bytes]) -> None:
+    def _put(self, identity: str, files: dict[str, bytes]) -> None:
         blob = pack(identity, files)
         self.store.put(identity, blob)
         self._count(stored=1, stored_bytes=len(blob))

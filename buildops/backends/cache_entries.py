@@ -9,7 +9,6 @@ installed or an upload took for that identity, so that a node whose cache holds 
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,6 @@ from .._runtime.files import write_atomically
 __all__ = ["CacheEntries"]
 
 MARKERS = "buildops-shared"
-
-# The entries this process's installs placed (or found), by cache directory, named before they appear: a run's new
-# entries are taken from its cache directory, where another build's install may put some meanwhile.
-_installed_here: dict[Path, set[str]] = {}
-_installed_lock = threading.Lock()
 
 
 class CacheEntries:
@@ -75,8 +69,6 @@ class CacheEntries:
             entry, _, name = path.partition("/")
             if name and "/" not in name:
                 by_entry.setdefault(entry, {})[name] = data
-        with _installed_lock:
-            _installed_here.setdefault(self.entries_dir(), set()).update(by_entry)
         for entry, contents in by_entry.items():
             self.place_entry(entry, contents)
         self._installed = set(by_entry)
@@ -87,14 +79,13 @@ class CacheEntries:
 
     def grown_since_install(self) -> dict[str, bytes] | None:
         """For a subclass whose runs' entries are only those that appeared while they ran (``collect_grown``): the
-        entries this artifact's install placed and those the run added, or None if it added none. Entries an install
-        of this process, or an earlier fetch or upload on this node (its markers), put there do not count: they
-        appear beside a run that compiles nothing."""
+        entries this artifact's install placed and those the run added, or None if it added none. Entries an earlier
+        fetch or upload on this node put there (its markers name them) do not count: another process's install
+        makes them appear beside a run that compiles nothing."""
         installed = getattr(self, "_installed", None)
         if not installed:
             return None
-        with _installed_lock:
-            grown = self._made() - installed - _installed_here.get(self.entries_dir(), set())
+        grown = self._made() - installed
         if grown:
             grown -= self._marked()
         return self._collect(installed | grown) if grown else None

@@ -239,10 +239,11 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     knobs = engine_knobs(module, device)
-    sms = dict(knobs).get("num_sms") or device_sms(device)
+    changed = dict(knobs)
+    sms = changed.get("num_sms") or device_sms(device)
+    align_m = changed.get("mk_alignment_for_contiguous_layout") or _ALIGN_M
     note_module(module)
     builds: dict[tuple, Build] = {}
-    align_m = dict(knobs).get("mk_alignment_for_contiguous_layout") or _ALIGN_M
     for shape in shapes:
         ms = shape_ms(shape, max_tokens, mode, sms, top_k, align_m)
         if not ms:
