@@ -38,6 +38,7 @@ N = TypeVar("N", int, float)
 Executor = Literal["auto", "threads", "processes"]
 DeepGemmM = Literal["relaxed", "full", "off"]
 LateCompile = Literal["warn", "error", "ignore"]
+ServingTune = Literal["defer", "inline"]
 
 _UNSET: Any = object()
 
@@ -286,6 +287,10 @@ class _Settings:
                                         choices=("warn", "error", "ignore"))
     autotune = _Flag("BUILDOPS_AUTOTUNE", "On a GPU, run the autotuning of @triton.autotune launches in the build "
                      "(on zeros), not at first use.", lambda: True)
+    serving_tune = _Choice[ServingTune]("BUILDOPS_SERVING_TUNE", "What an autotuned launch after a pass does at "
+                                        "a key no build tuned: defer (run at once with the config tuned for the "
+                                        "nearest key, queue its own tuning), inline (tune on the calling thread, "
+                                        "as Triton does).", lambda: "defer", choices=("defer", "inline"))
     triton_target = _Target("BUILDOPS_TRITON_TARGET", "The target Triton builds compile for on a machine without a "
                             "GPU driver (BACKEND:ARCH).", lambda: ("cuda", 90))
     switch_interval_us = _Whole("BUILDOPS_SWITCH_INTERVAL_US", "The GIL's switch interval (microseconds) at most, "

@@ -151,7 +151,8 @@ class Report:
             if record.skipped is None and record.where is not None:
                 places = elsewhere.setdefault(library, {})
                 places[record.where] = places.get(record.where, 0) + 1
-        return {lib: Coverage(self.prebuilt.get(lib, 0), sum(late.library == lib for late in self.late),
+        return {lib: Coverage(self.prebuilt.get(lib, 0),
+                              sum(late.library == lib and late.kind == "compile" for late in self.late),
                               compiled.get(lib, 0), cached.get(lib, 0), skipped.get(lib), elsewhere.get(lib))
                 for lib in sorted(libraries)}
 
@@ -176,7 +177,7 @@ class Report:
           ``"Type: message"``);
         * ``coverage``: per library, ``{"prebuilt", "late", "compiled", "cached", "unknown", "skipped",
           "elsewhere"}``, ``skipped`` and ``elsewhere`` mapping a reason or place to a count (:class:`Coverage`);
-        * ``late``: ``{"library", "kernel", "variant", "ops", "where"}`` each (:class:`LateCompile`);
+        * ``late``: ``{"library", "kernel", "variant", "ops", "where", "kind"}`` each (:class:`LateCompile`);
         * ``listed_nothing``: ``{"op", "pass_name", "signatures"}`` each (:class:`ListedNothing`);
         * ``store``: the :class:`~buildops._core.sharing.StoreCounts` fields (``store``, ``fetched``,
           ``fetched_bytes``, ``fetch_seconds``, ``stored``, ``stored_bytes``, ``known_locally``,
@@ -354,6 +355,8 @@ def _checked(data: object) -> dict[str, Any]:
     for i, late in enumerate(entries["late"]):
         if not all(isinstance(op, str) for op in late["ops"]):
             raise ValueError(f"late[{i}]: 'ops' is {late['ops']!r}, not a list of op names")
+        # a report saved before late tunings were kept holds late compiles only
+        late["kind"] = _field(data["late"][i], "kind", str, f"late[{i}]") if "kind" in data["late"][i] else "compile"
     coverage = {library: _entry(counts, _COVERAGE, f"coverage[{library!r}]")
                 for library, counts in _field(data, "coverage", dict).items()}
     checked = {"format": FORMAT, "version": VERSION, "buildops": _field(data, "buildops", str),

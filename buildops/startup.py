@@ -76,7 +76,8 @@ def start_build_workers() -> bool:
     the first Triton build starts them and waits. This module imports no torch, so an engine can call it first
     thing and the forkserver's imports run beside its own (docs/decisions/0002-forkserver-preload.md). It also
     builds Triton's CUDA helper module in a short-lived process, and hashes Triton's install on a background thread
-    once the engine has imported torch and Triton. Nothing here touches a GPU. The workers run below this process's
+    once the engine has imported torch and Triton, then imports torch's symbolic shapes (and sympy), which a
+    replay's first op on meta tensors needs. Nothing here touches a GPU. The workers run below this process's
     CPU priority (``BUILDOPS_WORKER_NICE``).
 
     No main guard is needed (build workers never import the main module). Call it after setting
@@ -141,6 +142,13 @@ def _prepare_builds(utils: subprocess.Popen | None) -> None:
                 _build_triton_utils()
     except Exception:  # the driver builds it when first used
         logger.debug("buildops: building Triton's CUDA utilities in the background failed", exc_info=True)
+    # Almost any torch op on a meta tensor (a replay's first) imports torch's symbolic shapes, and sympy with them:
+    # seconds of Python, paid here beside the engine's own start rather than at the rehearsal's first op.
+    try:
+        with gil.holding():
+            importlib.import_module("torch.fx.experimental.symbolic_shapes")
+    except Exception:  # the replay imports it itself
+        logger.debug("buildops: importing torch's symbolic shapes in the background failed", exc_info=True)
 
 
 # The helper's process sees this process's import path (the same Triton, the same buildops), whatever
@@ -355,7 +363,9 @@ def _wait_for_ready_builds(rehearsing: BuildPass, ready: str) -> None:
     builder = current_builder()
     if builder is not None:
         called = rehearsing.called
-        builder.wait(lambda r: r.future in called or (r.build.uses_gpu and not r.build.loads_only),
+        # Tunings (serial builds) of shapes the rehearsal did not call go on after ready, behind serving
+        builder.wait(lambda r: r.future in called or (r.build.uses_gpu and not r.build.loads_only
+                                                      and not r.build.serial),
                      what="builds serving needs first")
     stuck = stuck_gpu_builds()
     if stuck:  # a build that hangs must not fail a start: its op compiles on first use

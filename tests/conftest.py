@@ -58,7 +58,7 @@ class Runs:
         self._lock = threading.Lock()
         self.started = threading.Event()
 
-    def build(self, op, key, *, gate=None, fail=False, uses_gpu=False, loads_only=False, seconds=0.0):
+    def build(self, op, key, *, gate=None, fail=False, uses_gpu=False, loads_only=False, serial=False, seconds=0.0):
         def run():
             with self._lock:
                 self.calls.append(key)
@@ -70,7 +70,7 @@ class Runs:
             if fail:
                 raise RuntimeError(f"compiler crashed on {key!r}")
             return key
-        return Build(op, key, run, uses_gpu=uses_gpu, loads_only=loads_only)
+        return Build(op, key, run, uses_gpu=uses_gpu, loads_only=loads_only, serial=serial)
 
     def count(self, key=None):
         with self._lock:

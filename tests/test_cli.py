@@ -110,7 +110,7 @@ def test_late_compiles_and_coverage_round_trip():
                  (ListedNothing("norm", "warmup", 2),))
     data = json.loads(json.dumps(rep.to_dict()))
     assert data["late"] == [{"library": "triton", "kernel": "kernels.add", "variant": "n=7", "ops": ["add"],
-                             "where": "model.py:12"}]
+                             "where": "model.py:12", "kind": "compile"}]
     assert data["coverage"]["triton"]["late"] == 1
     assert buildops.reporting.format_report(data) == rep.format()
     assert late.describe() in rep.format()

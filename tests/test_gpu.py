@@ -48,14 +48,17 @@ def test_demo_ops_after_a_pass_match_torch_with_no_late_compile():
     with build_pass("warmup"):
         rmsnorm(x, w), softmax(x), matmul(x, b)
     assert report().total("failed") == 0 and report().total("built") > 0
-    with settings.scope(late_compile="error"):
-        for rows in (200, 37, 1):  # any token count up to the one the pass saw
-            xs = x[:rows]
-            ref = (xs.float() * torch.rsqrt(xs.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).half()
+    for rows in (200, 37, 1):  # any token count up to the one the pass saw
+        xs = x[:rows]
+        ref = (xs.float() * torch.rsqrt(xs.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).half()
+        with settings.scope(late_compile="error"):
             torch.testing.assert_close(rmsnorm(xs, w), ref, atol=2e-2, rtol=2e-2)
             torch.testing.assert_close(softmax(xs), torch.softmax(xs.float(), -1).half(), atol=1e-3, rtol=1e-2)
-            torch.testing.assert_close(matmul(xs, b), (xs.float() @ b.float()).half(), atol=5e-2, rtol=2e-2)
-    assert late_compiles() == []
+        torch.testing.assert_close(matmul(xs, b), (xs.float() @ b.float()).half(), atol=5e-2, rtol=2e-2)
+    # The matmul's tuning key holds M: 37 rows, between the sweep's powers of two, compiled nothing but ran with the
+    # config of the nearest tuned M while its own tuning was queued: a late tuning, never one on this thread.
+    [late] = late_compiles()
+    assert late.kind == "tuning" and late.kernel.endswith("_matmul_kernel") and "(37, 512, 1024" in late.variant
 
 
 def test_real_deep_gemm_builds_run_every_shape():
@@ -121,11 +124,12 @@ def test_graph_capture_waits_for_gpu_builds():
     assert torch.equal(static, torch.full((4, 16), 2.0, device="cuda"))  # capturing does not run it; replay does
 
 
-def test_autotuning_runs_in_the_build_so_the_first_call_benchmarks_nothing(monkeypatch):
+def test_autotuning_runs_in_the_build_so_the_first_call_benchmarks_nothing(monkeypatch, tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from demo_ops import _matmul_kernel, matmul
     from triton.runtime.autotuner import Autotuner
 
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))  # no choice kept by an earlier run
     _matmul_kernel.cache.clear()
     x = torch.randn(200, 256, device="cuda", dtype=torch.float16)
     b = torch.randn(256, 384, device="cuda", dtype=torch.float16) / 16
@@ -141,6 +145,12 @@ def test_autotuning_runs_in_the_build_so_the_first_call_benchmarks_nothing(monke
             torch.testing.assert_close(matmul(x[:rows], b), (x[:rows].float() @ b.float()).half(), atol=5e-2,
                                        rtol=2e-2)
     assert benches == [] and late_compiles() == []
+    assert len(list((tmp_path / "triton-cache" / "buildops-tunings").iterdir())) == 9  # every choice kept
+    _matmul_kernel.cache.clear()  # as a restart finds it: the choices kept beside the cache are taken, untimed
+    with build_pass("again"):
+        matmul(x, b)
+    assert len([r for r in buildops.report().builds if "autotune" in r.build.label]) == 9 and benches == []
+    assert len(_matmul_kernel.cache) == 9
 
 
 def test_variants_made_ready_together_build_their_shared_launcher_once(tmp_path, monkeypatch):

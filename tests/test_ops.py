@@ -53,7 +53,7 @@ def test_lists_once_per_signature_and_only_in_a_pass(runs):
     with build_pass("warmup"):
         out = rmsnorm(x, w)
         assert torch.equal(out, torch.zeros_like(x))
-        assert [s[0].shape[0] for s in seen] == [1, 2, 4, 8, 16, 32, 64, 100]
+        assert [s[0].shape[0] for s in seen] == [100, 1, 2, 4, 8, 16, 32, 64]  # the call's own shape first
         assert all(isinstance(s[0], TensorSpec) and s[0].shape[1] == 8 for s in seen)
         assert all(s[1] == TensorSpec((8,), torch.float32) and s[2] == 1e-6 for s in seen)
         rmsnorm(torch.randn(37, 8), w)          # same signature: the swept dim differs only
@@ -348,8 +348,8 @@ def test_misuse_at_first_call_names_op_argument_and_dim():
     with build_pass("warmup"), pytest.raises(KeyError) as raised:
         op(torch.empty(4, 4))
     if hasattr(raised.value, "add_note"):
-        # at the first swept size
-        assert raised.value.__notes__ == ["buildops: raised by the lister of op <lambda> at swept dims {'x.1': 1}"]
+        # at the first size listed: the call's own
+        assert raised.value.__notes__ == ["buildops: raised by the lister of op <lambda> at swept dims {'x.1': 4}"]
     # outside a pass a malformed call is the function's own business
     assert op("anything") == "anything"
 

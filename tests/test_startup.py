@@ -126,6 +126,34 @@ def test_ready_waits_for_the_called_shapes_and_gpu_work_not_the_rest_of_the_swee
     assert buildops.join(timeout=WAIT) and builder.state(("op", 2)) is BuildState.BUILT
 
 
+def test_ready_and_serving_never_wait_for_the_tunings_of_shapes_not_called(runs):
+    held = threading.Event()  # holds the tunings (serial builds) of the swept shapes the rehearsal did not call
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0)), output="x")  # called at 4 rows: swept at 1, 2 and 4
+    def op(x):
+        return x
+
+    def lister(x):
+        rows = x.shape[0]
+        builds = [runs.build("op", ("op", rows), uses_gpu=True, loads_only=True)]
+        if rows != 4:
+            builds.append(runs.build("op", ("tune", rows), uses_gpu=True, serial=True, gate=held))
+        return builds
+
+    op.lister(lister)
+    try:
+        assert rehearse_then_load(lambda: op(torch.zeros(4, 8)), lambda: "weights") == "weights"
+        builder = current_builder()
+        assert {builder.state(("tune", 1)), builder.state(("tune", 2))} <= {BuildState.QUEUED, BuildState.BUILDING}
+        # a serving call at a shape whose tuning is held waits for its compile only: the tuner runs meanwhile
+        # with a config it has (the Triton backend's tunings)
+        assert _returns_soon(lambda: op(torch.zeros(2, 8)))
+        assert builder.state(("op", 2)) is BuildState.BUILT
+    finally:
+        held.set()
+    assert buildops.join(timeout=WAIT) and builder.state(("tune", 2)) is BuildState.BUILT
+
+
 def _returns_soon(call) -> bool:
     done = threading.Event()
     threading.Thread(target=lambda: (call(), done.set()), daemon=True).start()
@@ -386,8 +414,11 @@ def test_the_preparation_builds_the_helper_module_where_the_helper_did_not(monke
     monkeypatch.setattr(S, "_helper_cache_dir", lambda utils: answers[helper_built_into])  # None: it failed
     built = []
     monkeypatch.setattr(S, "_build_triton_utils", lambda: built.append(knobs.cache.dir) or 0)
+    imported = []
+    monkeypatch.setattr(S.importlib, "import_module", imported.append)
     S._prepare_builds(utils=object())  # torch and Triton are imported: it goes straight on
     assert built == ([knobs.cache.dir] if builds_here else [])
+    assert imported == ["torch.fx.experimental.symbolic_shapes"]  # what a replay's first meta op would import
 
 
 NO_GUARD = r"""

@@ -185,7 +185,7 @@ def test_an_autotuning_build_runs_the_tuner_on_zeros_shaped_like_the_launch(monk
         seen.append((args, kwargs))
         tuner.best_config = "best"
 
-    tune = autotune._TuneRun(K.scale_kernel, (autotune._Layout(x), x.shape[0], 7),
+    tune = autotune._TuneRun(K.scale_kernel, (6, "torch.float32"), (autotune._Layout(x), x.shape[0], 7),
                              {"scale": autotune._Layout(scale), "grid": (1,)}, [], torch.device("cpu"), tuner_run)
     assert tune() == "best"
     (args, kwargs), = seen
@@ -195,7 +195,7 @@ def test_an_autotuning_build_runs_the_tuner_on_zeros_shaped_like_the_launch(monk
 
 
 def test_replay_of_host_code_that_needs_data_says_what_to_do():
-    with pytest.raises(buildops.SpecError, match=r"replay of data_dependent at \{'x.0': 1\} failed: .*"
+    with pytest.raises(buildops.SpecError, match=r"replay of data_dependent at \{'x.0': 4\} failed: .*"
                                                  r"register a lister with @data_dependent.lister, or decorate"):
         with build_pass("warmup"):
             K.data_dependent(torch.ones(4))

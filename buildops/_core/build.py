@@ -73,6 +73,9 @@ class Build:
       * ``run`` may have a ``where`` attribute (``str | None``), set by the call when it returns: where it
         compiled and why, when that is not where the library's builds go by default (e.g. "this process (...)"
         for a Triton kernel that could not go to a worker process), or None. Reports count builds by it.
+      * ``serial`` builds time GPU work (autotuning) one at a time. They only refine: the library runs without
+        their result meanwhile, so a serving call never waits for one, and a start is ready without those of the
+        shapes its rehearsal did not call.
       * ``after`` (serial builds only) names the keys of normal builds this one needs done: the serial worker
         runs it once they are (keys never submitted, or cancelled, count as done). ``run`` need not wait itself.
       * ``run`` may have an ``abandon()`` method: called once, on the watchdog's thread and under no lock, when
@@ -88,7 +91,7 @@ class Build:
     label: str = ""
     library: str = ""  # "triton", "flashinfer", ...: what the report counts its coverage by
     shared: bool = True  # built once per node: other processes wait, then find it in the library's disk cache
-    serial: bool = False  # one at a time, on the builder's serial worker (builds that time GPU work)
+    serial: bool = False  # one at a time, on the builder's serial worker (builds that time GPU work); see the contract
     after: tuple[Hashable, ...] = ()  # serial builds: keys of the normal builds to wait for (see the contract)
     artifact: Artifact | None = None  # shared through the build store, where one is set (see Artifact)
 

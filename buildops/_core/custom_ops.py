@@ -16,17 +16,26 @@ Where torch keeps the implementations (private names: tested on torch 2.13; olde
     called through ``torch._C._dispatch_get_computed_kernel_for_dispatch_key(...).call_boxed``.
 A kernel registered from C++ (``TORCH_LIBRARY_IMPL``) is never called on stand-ins: the call runs its fake
 implementation, and the router notes why (:attr:`CustomOpRouter.unrouted`) for the replay's warning or error.
+
+**aten overrides.** A library may register Python kernels for torch's own ops (``torch.library.Library("aten",
+"IMPL")``), so that ``torch.nn.functional.silu`` on a CUDA tensor runs its Triton kernel. Host code reaches those
+through torch's functions, which a ``TorchFunctionMode`` sees only as ``torch.nn.functional.silu``, and on stand-ins
+the dispatcher takes the meta or fake kernel. :class:`AtenOverrideRouter` (a ``TorchDispatchMode``, which sees each
+aten op the dispatcher runs) calls instead the Python kernel registered for the call's device. It is active only
+where some aten op has one (:func:`aten_overrides`); torch's C++ kernels are never called on stand-ins.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["CustomOpRouter", "implementation"]
+__all__ = ["AtenOverrideRouter", "CustomOpRouter", "aten_overrides", "implementation"]
 
 # Torch's own namespaces: their ops have no Python implementation worth routing to (and many calls to check).
 _TORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "_c10d_functional", "c10d", "profiler", "debugprims"})
@@ -185,3 +194,80 @@ class CustomOpRouter(TorchFunctionMode):
         """The custom ops that ran their fake implementation, and why, for a warning or an error."""
         return "; ".join(f"custom op {name} ran its fake implementation: {why}"
                          for name, why in self.unrouted.items())
+
+
+# "aten/name/Key" -> whether a library (not torch itself) registered that Python kernel; judged once per entry
+_by_a_library: dict[str, bool] = {}
+
+
+def _registered_by_a_library(entry: str) -> bool:
+    """Whether the Python kernel of torch's record ``"aten/name/Key"`` was registered by a library rather than by
+    torch itself (its meta functions, a few of its own kernels): where the dispatcher says it was registered."""
+    known = _by_a_library.get(entry)
+    if known is not None:
+        return known
+    _, name, key = entry.split("/")
+    judged = True  # where the dispatcher cannot tell, route it: the real call runs that kernel too
+    if key == "Meta":
+        judged = False
+    else:
+        try:
+            own = os.path.dirname(torch.__file__) + os.sep
+            for line in torch._C._dispatch_dump(f"aten::{name}").splitlines():
+                if line.startswith(f"{key}: registered at "):
+                    judged = not line.partition("registered at ")[2].startswith(own)
+                    break
+        except Exception:  # noqa: BLE001 - a torch without the dump: see above
+            pass
+    _by_a_library[entry] = judged
+    return judged
+
+
+_overrides: tuple[int, frozenset[str]] = (-1, frozenset())  # (size of torch's record, aten_overrides())
+
+
+def aten_overrides() -> frozenset[str]:
+    """The aten ops (``"silu"``, ``"add.Tensor"``) that some library gave a Python kernel for a device, from
+    torch's record of the Python kernels; torch's own (its meta functions) left out."""
+    global _overrides
+    impls = getattr(torch.library, "_impls", None)
+    if not impls:
+        return frozenset()
+    # Read once per size of the record: every replay asks, and registrations come and go as a whole library
+    size, overridden = _overrides
+    if size != len(impls):
+        overridden = frozenset(entry.split("/")[1] for entry in list(impls) if entry.startswith("aten/")
+                               and entry.count("/") == 2 and _registered_by_a_library(entry))
+        _overrides = (len(impls), overridden)
+    return overridden
+
+
+class AtenOverrideRouter(TorchDispatchMode):
+    """While active, an aten op that a library overrode from Python runs that Python kernel for the call's device,
+    on the call's own (stand-in) tensors; every other op runs as usual.
+
+    Args:
+        device: the device type of the call being replayed, which meta tensors stand for (None: unknown).
+        overridden: the aten ops with a Python kernel (:func:`aten_overrides`).
+    """
+
+    def __init__(self, device: str | None, overridden: frozenset[str]) -> None:
+        super().__init__()
+        self.device = device
+        self.overridden = overridden
+        self.routed: dict[str, str] = {}  # aten op -> where its Python kernel was found
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._name.partition("::")[2]  # "silu" for the default overload, "add.Tensor" for another
+        if name not in self.overridden and f"{name}.default" not in self.overridden:
+            return func(*args, **kwargs)
+        device = _device_type(args, kwargs)
+        if device == "meta":
+            device = self.device
+        impl, where = implementation(func, device)
+        if impl is None:  # torch's own kernel for this device: the stand-ins' meta or fake one runs
+            return func(*args, **kwargs)
+        self.routed.setdefault(func._name, where)
+        with self:  # off inside its own handler: the aten ops the override calls are routed too
+            return impl(*args, **kwargs)

@@ -1,4 +1,5 @@
-"""Late compiles: kernels compiled on first use after a build pass, outside buildops' workers.
+"""Late compiles: kernels compiled on first use after a build pass, outside buildops' workers; and late tunings:
+autotunings a serving call needed at a key no build tuned.
 
 Each one is a gap in what the passes covered. Library backends report them with :func:`record` from their own
 compile hooks (Triton: ``knobs.runtime.jit_post_compile_hook``); what happens then follows
@@ -35,18 +36,20 @@ class LateCompileError(RuntimeError):
 
 @dataclass(frozen=True)
 class LateCompile:
-    """One kernel compiled on first use after a pass: which library and kernel, which variant, the ops that listed
-    builds of that kernel (if any), and where in the user's code the compile came from."""
+    """One kernel compiled on first use after a pass, or one autotuning a serving call needed (``kind``
+    ``"tuning"``: a key no build tuned): which library and kernel, which variant, the ops that listed builds of that
+    kernel (if any), and where in the user's code it came from."""
 
     library: str               # "triton", ...
     kernel: str                # module.qualname of the kernel
-    variant: str               # the library's description of the specialization that compiled
+    variant: str               # the library's description of the specialization that compiled, or of the tuning
     ops: tuple[str, ...]       # ops that listed builds of this kernel, if any
     where: str                 # the first caller frame outside the libraries and buildops
+    kind: str = "compile"      # "compile", or "tuning"
 
     def describe(self) -> str:
         ops = f" (listed by {', '.join(self.ops)})" if self.ops else " (no op listed this kernel)"
-        return f"late compile of {self.library} kernel {self.kernel}{ops} at {self.where}: {self.variant}"
+        return f"late {self.kind} of {self.library} kernel {self.kernel}{ops} at {self.where}: {self.variant}"
 
 
 class _LateCompiles:
@@ -93,6 +96,11 @@ def record(late: LateCompile, key: Hashable) -> None:
 
 def arm() -> None:
     _state.arm()
+
+
+def armed() -> bool:
+    """Whether an outermost pass has ended (since the last reset): first-use compiles are late from then on."""
+    return _state._armed
 
 
 def late_compiles() -> list[LateCompile]:

@@ -16,8 +16,9 @@ Two kinds of stand-in tensors, cheapest first (docs/decisions/0005-meta-tensors-
 A launch recorded from either is the same build: a recorder keys tensors by what a kernel compiles for (their
 dtype and alignment), not by their device or data.
 
-In both, a call to a torch custom op runs the op's Python implementation for the call's device
-(:mod:`.custom_ops`), not its fake implementation, so the launches behind custom ops are recorded too.
+In both, a call to a torch custom op, or to an aten op that a library overrode from Python, runs that Python
+implementation for the call's device (:mod:`.custom_ops`), not its fake one, so the launches behind it are recorded
+too.
 
 The same replay, at the call's own shapes, gives an op without ``output=`` its placeholder (:func:`placeholder`):
 the host code's result with zeros for its tensors.
@@ -39,7 +40,7 @@ import torch
 from .._runtime.forking import forget_in_child
 from . import extensions
 from .build import Build
-from .custom_ops import CustomOpRouter
+from .custom_ops import AtenOverrideRouter, CustomOpRouter, aten_overrides
 from .specs import SpecError, tensor_dims
 
 __all__ = ["ReplayError", "materialize", "output_template", "replay"]
@@ -117,6 +118,12 @@ def _call_device(bound: inspect.BoundArguments) -> torch.device | None:
     return None
 
 
+def _aten_router(device_type: str | None) -> contextlib.AbstractContextManager[Any]:
+    """The router to the Python kernels libraries registered for aten ops, where there are any."""
+    overridden = aten_overrides()
+    return AtenOverrideRouter(device_type, overridden) if overridden else contextlib.nullcontext()
+
+
 def _fix(op: str) -> str:
     short = op.split(".")[-1]
     return f"register a lister with @{short}.lister, or decorate the op with @builds_by_running"
@@ -144,7 +151,7 @@ def _run(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[s
     try:
         call = _stand_in_arguments(bound, shapes, _meta)
         router = _MetaEmptyLike(device_type)
-        with _recording(op, recorders) as builds, router:
+        with _recording(op, recorders) as builds, router, _aten_router(device_type):
             result = fn(*call.args, **call.kwargs)
         if builds or not fake_if_nothing_recorded:
             return _Run(builds, result, router)
@@ -159,7 +166,8 @@ def _run(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[s
     router = CustomOpRouter(device_type)
     with _recording(op, recorders) as builds:
         try:
-            with mode, router:  # the router above the fake mode: it sees each call first
+            # the routers above the fake mode: they see each call first
+            with mode, router, _aten_router(device_type):
                 result = fn(*call.args, **call.kwargs)
         except Exception as exc:
             unrouted = router.describe_unrouted() or meta_unrouted

@@ -85,11 +85,19 @@ class Op(Protocol[P, R_co]):
 
 
 def _looks_like_method(fn: Callable) -> bool:
-    """Whether ``fn`` takes the instance first, as far as decoration can tell: its first parameter is named ``self``
-    or ``cls``. Only a guess, for the checks made at decoration; calls settle it (:meth:`_Op._bind`). A class body
-    is no better clue: a ``staticmethod`` is defined there too, and its first parameter is the call's own."""
+    """Whether ``fn`` takes the instance first, as far as decoration can tell: it is defined in a class body (its
+    qualified name says so) and its first parameter is named ``self`` or ``cls``. Only a guess, for the checks made
+    at decoration; calls settle it (:meth:`_Op._bind`). A module-level function whose first parameter is named
+    ``self`` (aten-style signatures: ``silu(self)``) is a function. A class body is not proof either: a
+    ``staticmethod`` is defined there too, and its first parameter is the call's own."""
     params = list(inspect.signature(fn).parameters)
-    return bool(params) and params[0] in ("self", "cls")
+    if not params or params[0] not in ("self", "cls"):
+        return False
+    qualname = getattr(fn, "__qualname__", None)
+    if not isinstance(qualname, str):
+        return True
+    scope = qualname.rpartition(".")[0]
+    return bool(scope) and not scope.endswith("<locals>")
 
 
 class _Op:
@@ -218,7 +226,7 @@ class _Op:
             logger.debug("buildops: %s: listing the builds of a call's shape failed; it waits for every pending "
                          "build of its signature", self.name, exc_info=True)
             return every
-        own = [f for f in (builder.future(b.key) for b in builds) if f is not None]
+        own = [f for f in (builder.future(b.key) for b in builds if not b.serial) if f is not None]
         with self._lock:
             shapes[shape] = own
         return own
@@ -227,12 +235,21 @@ class _Op:
         bound = self._bind(instance, args, kwargs)
         arguments = bound.arguments
         signature = self.config.signature(arguments)
+        called = self.config.called(arguments)
         if build_pass.first_call(self, signature):
-            by_shape = {shape_key(dims): build_pass.take(self.name, signature, dims, self.builds(bound, dims))
-                        for dims in self.config.combinations(arguments)}
+            combinations = self.config.combinations(arguments)
+            # The call's own shape is listed first: a library that keeps the first kernel a key of its own meets
+            # (a launch cache) then keeps this call's, as a lazy run of this call would have.
+            listed = {shape_key(dims): self.builds(bound, dims)
+                      for dims in sorted(combinations, key=lambda dims: dims != called)}
+            by_shape = {}
+            for dims in combinations:
+                builds = listed[shape_key(dims)]
+                futures = build_pass.take(self.name, signature, dims, builds)
+                # A serving call never waits for a serial build (a tuning): the library runs meanwhile without it
+                by_shape[shape_key(dims)] = [f for b, f in zip(builds, futures) if not b.serial]
             if any(by_shape.values()):
                 self._note_pending(signature, by_shape)
-        called = self.config.called(arguments)
         if called is not None:
             build_pass.note_called(self.name, signature, called)
         return self._placeholder(bound)

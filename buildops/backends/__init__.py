@@ -10,5 +10,6 @@ from .._core import extensions
 
 extensions.add_launch_recorder("triton", "buildops.backends.triton.record:recording")
 extensions.add_late_watcher("triton", "buildops.backends.triton.late:watch_late_compiles")
+extensions.add_late_watcher("triton", "buildops.backends.triton.record:serve_after_passes")  # and late tunings
 extensions.add_late_watcher("flashinfer", "buildops.backends.flashinfer:watch_late_compiles")
 extensions.add_late_watcher("deep_gemm", "buildops.backends.deep_gemm_late:watch_late_compiles")

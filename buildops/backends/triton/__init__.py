@@ -2,11 +2,13 @@
 processes, autotuning in the build, and late-compile detection.
 
 Its modules: ``driver`` (the target, a driver for machines without a GPU), ``stand_ins`` (what a build records of
-a tensor), ``record`` (launches recorded as builds), ``interpret`` (Triton's interpreter: launches listed, nothing
-to compile), ``build`` (a build's compile and load), ``autotune`` (autotuning in the build), ``patches`` (Triton
-steps serialised while building), ``late`` (late compiles), ``pool``, ``worker``, ``preload`` and ``warm`` (worker
-processes). Importing this package imports neither Triton nor
-torch: the forkserver imports its ``preload`` module before torch. The public names load on first use.
+a tensor), ``record`` (launches recorded as builds), ``pending`` (what a recorded launch returns: a kernel resolved
+after the pass), ``interpret`` (Triton's interpreter: launches listed, nothing to compile), ``build`` (a build's
+compile and load), ``autotune`` (autotuning in the build), ``tunings`` (a tuner's choices: kept, nearest),
+``serving`` (no tuning on a serving thread after a pass), ``patches`` (Triton steps serialised while building),
+``late`` (late compiles), ``pool``, ``worker``, ``preload`` and ``warm`` (worker processes). Importing this package
+imports neither Triton nor torch: the forkserver imports its ``preload`` module before torch. The public names load
+on first use.
 """
 
 from __future__ import annotations

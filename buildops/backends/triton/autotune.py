@@ -1,13 +1,15 @@
 """Autotuning in the build, on a GPU: the tuner's own ``run`` on zero-filled operands of the launch's shapes.
 
-Its in-memory cache then holds a choice for the launch's key and the first real call times nothing. Timings on
-zeros are what they are for GEMM-like kernels; a kernel whose speed depends on its data should not be tuned this
-way (``BUILDOPS_AUTOTUNE=0``). With the tuner's ``cache_results``, Triton keeps the choice on disk.
+Its in-memory cache then holds a choice for the launch's key and the first real call times nothing; the choice is
+also kept beside Triton's cache (:mod:`.tunings`), so a restart or another process of the node tunes nothing.
+Timings on zeros are what they are for GEMM-like kernels; a kernel whose speed depends on its data should not be
+tuned this way (``BUILDOPS_AUTOTUNE=0``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import time
 from typing import Any
 
@@ -22,8 +24,11 @@ from ..._runtime.gpu import run_admitted
 from .driver import active_driver, compile_only, inner_jit, kernel_name, target
 from .patches import building
 from .stand_ins import PointerArg
+from .tunings import keep, known, stand_in_config, tuner_key
 
-__all__ = ["COMPILE_WAIT_SECONDS", "tune_build"]
+__all__ = ["COMPILE_WAIT_SECONDS", "config_for_replay", "tune_build"]
+
+logger = logging.getLogger("buildops")
 
 # The builder's serial worker already waited for the tune's compiles (``Build.after``): the run only waits for
 # futures that are still being given their result.
@@ -52,31 +57,46 @@ class _Layout:
         return storage.as_strided(self.shape, self.stride, self.offset)
 
 
-def _tuner_key(tuner: Autotuner, args: tuple, kwargs: dict) -> tuple:
-    """The key ``Autotuner.run`` files its choice under (its own computation: the key arguments, then dtypes)."""
-    named = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in tuner.arg_names}
-    return tuple([named[k] for k in tuner.keys if k in named] +
-                 [str(v.dtype) for v in named.values() if hasattr(v, "dtype")])
+def config_for_replay(tuner: Autotuner, args: tuple, kwargs: dict, configs: list) -> int:
+    """Which of ``configs`` (those a replay built) a replayed launch of ``tuner`` sets as its ``best_config`` and
+    returns the kernel of, for a library that reads them back: the tuner's own choice for the launch's key where it
+    has one (tuned by a build or a real run, or kept from an earlier one), else its choice for the nearest key, else
+    the first config. A replay never tunes; a library that keeps what it read back keeps that config."""
+    if len(configs) <= 1:
+        return 0
+    try:
+        key = tuner_key(tuner, args, kwargs)
+        chosen = known(tuner, key)
+        if chosen is None:
+            chosen = stand_in_config(tuner, key, configs)
+    except Exception:
+        logger.debug("buildops: the replay of %s could not look up its tuned configs", tuner.base_fn.__name__,
+                     exc_info=True)
+        return 0
+    return next((i for i, config in enumerate(configs) if config == chosen), 0)
 
 
 def tune_build(op: str, tuner: Autotuner, args: tuple, kwargs: dict, compiles: list, run: Any) -> Build | None:
     """The build that runs this launch's autotuning with ``run`` (``Autotuner.run`` itself), or None where it
-    cannot run here: no GPU, one config, ``BUILDOPS_AUTOTUNE=0``, or a tensor argument known only by its dtype."""
+    cannot run here or need not: no GPU, one config, ``BUILDOPS_AUTOTUNE=0``, a tensor argument known only by its
+    dtype, or a choice for the launch's key already known (:func:`.tunings.known`)."""
     if len(tuner.configs) <= 1 or compile_only() or not settings.autotune:
         return None
     if any(isinstance(a, (torch.dtype, PointerArg)) for a in (*args, *kwargs.values())):
+        return None
+    key = tuner_key(tuner, args, kwargs)
+    if known(tuner, key) is not None:
         return None
 
     def layout(value: Any) -> Any:
         return _Layout(value) if isinstance(value, (torch.Tensor, TensorSpec)) else value
 
-    key = _tuner_key(tuner, args, kwargs)
     layouts = tuple(map(layout, args))
     kwargs = {name: layout(value) for name, value in kwargs.items()}
     jit = inner_jit(tuner)
     device = torch.device("cuda", active_driver().get_current_device())
     return Build(op, ("triton-autotune", kernel_name(jit), jit.cache_key, key, target()),
-                 _TuneRun(tuner, layouts, kwargs, compiles, device, run), uses_gpu=True,
+                 _TuneRun(tuner, key, layouts, kwargs, compiles, device, run), uses_gpu=True,
                  label=f"autotune {jit.fn.__name__}{list(key)}", shared=False, serial=True, after=tuple(compiles))
 
 
@@ -85,13 +105,18 @@ class _TuneRun:
     tunes running together would time each other, once its configs' compiles are done (``after``); a compile not
     done in time is left to the tuner, which compiles what it lacks."""
 
-    def __init__(self, tuner: Autotuner, layouts: tuple, kwargs: dict, compiles: list, device: torch.device,
-                 run: Any) -> None:
-        self.tuner, self.layouts, self.kwargs, self.compiles = tuner, layouts, kwargs, compiles
+    def __init__(self, tuner: Autotuner, key: tuple, layouts: tuple, kwargs: dict, compiles: list,
+                 device: torch.device, run: Any) -> None:
+        self.tuner, self.key, self.layouts, self.kwargs, self.compiles = tuner, key, layouts, kwargs, compiles
         self.device, self.run = device, run
         self.waited = 0.0
+        self.cached: bool | None = None
 
     def __call__(self) -> Any:
+        chosen_before = known(self.tuner, self.key)  # kept by an earlier process since this build was listed
+        if chosen_before is not None:
+            self.cached = True
+            return chosen_before
         builder = current_builder()  # None when a test runs the build by hand: nothing to wait for
         futures = (builder.future(k) for k in self.compiles) if builder is not None else ()
         compiles = [f for f in futures if f is not None]
@@ -116,4 +141,7 @@ class _TuneRun:
         with building():
             run_admitted(self.device, sum(t.nbytes for t in tensors), make, tune,
                          f"autotuning of {self.tuner.base_fn.__name__}")
-        return chosen[0]
+        choice = self.tuner.cache.get(self.key, chosen[0])
+        keep(self.tuner, self.key, choice)
+        self.cached = False
+        return choice

@@ -12,7 +12,7 @@ from ..._core.late import LateCompile, caller, record
 from ..._runtime.forking import forget_in_child
 from ..._runtime.hooks import on_reset
 
-__all__ = ["forget_listed", "note_listed", "watch_late_compiles"]
+__all__ = ["forget_listed", "listed_by", "note_listed", "watch_late_compiles"]
 
 _listed: dict[str, set[str]] = {}  # kernel -> the ops that listed builds of it
 _listed_lock = threading.Lock()
@@ -52,10 +52,15 @@ class _LateCompileHook:
         name = f"{fn.module}.{fn.name}"
         variant = (f"signature={compiled.get('signature')} constants={compiled.get('constants')} "
                    f"num_warps={compiled.get('num_warps')} num_stages={compiled.get('num_stages')}")
-        with _listed_lock:
-            ops = tuple(sorted(_listed.get(name, ())))
+        ops = listed_by(name)
         record(LateCompile("triton", name, variant, ops, caller()), (name, kwargs.get("key")))
         return result
+
+
+def listed_by(kernel: str) -> tuple[str, ...]:
+    """The ops that listed builds of ``kernel``, by name."""
+    with _listed_lock:
+        return tuple(sorted(_listed.get(kernel, ())))
 
 
 def watch_late_compiles() -> None:

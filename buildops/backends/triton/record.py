@@ -10,6 +10,10 @@ A build's label names the kernel and its specialization as Triton's binder compu
 alignment, which ints are 1 or multiples of 16, scalar types, constexprs) and the launch's options, so that two
 builds of one kernel never share a label.
 
+A recorded launch returns what the real one would, for code that keeps it: ``JITFunction.run`` a
+:class:`~.pending.PendingKernel` (the compiled kernel, once resolved after the pass), and ``Autotuner.run`` the
+pending kernel of the config it sets as the tuner's ``best_config`` (:func:`~.autotune.config_for_replay`).
+
 ``JITFunction.run`` and ``Autotuner.run`` (and, with ``TRITON_INTERPRET=1``, ``InterpretedFunction.run``) are
 patched only while a recording is active, and even then they record only in the context (thread) that records:
 elsewhere Triton runs as without buildops.
@@ -18,8 +22,8 @@ elsewhere Triton runs as without buildops.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,17 +32,21 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction, compute_cache_key
 
 from ..._core.build import Build
+from ..._runtime.forking import forget_in_child
+from ..._runtime.hooks import on_reset
 from ..._runtime.patching import Patch
-from .autotune import tune_build
+from .autotune import config_for_replay, tune_build
 from .build import WarmupRun
 from .driver import active_driver, compile_only, kernel_name, target
 from .entries import TritonEntries
 from .interpret import InterpretedRun, interpreted, run_patch, twin
 from .late import note_listed
 from .patches import building
+from .pending import PendingKernel, active_recording
+from .serving import serve
 from .stand_ins import stand_in
 
-__all__ = ["recording", "triton_builds"]
+__all__ = ["recording", "serve_after_passes", "triton_builds"]
 
 logger = logging.getLogger("buildops")
 
@@ -106,7 +114,9 @@ class _Recording:
         self.op = op
         self.builds: list[Build] = []
 
-    def add(self, jit: Any, args: tuple, kwargs: dict) -> None:
+    def add(self, jit: Any, args: tuple, kwargs: dict) -> PendingKernel | None:
+        """Record one launch as a build; return what stands for its compiled kernel (None for an interpreted
+        one, whose ``run`` returns nothing either)."""
         stand_ins = tuple(stand_in(a) for a in args)
         kwargs = {k: stand_in(v) for k, v in kwargs.items()}
         the_target = target()
@@ -119,43 +129,50 @@ class _Recording:
         if binder is not jit:
             key = ("triton-interpreter", kernel_name(binder), binder.cache_key, launch, the_target)
             self.builds.append(Build(self.op, key, InterpretedRun(), label=label, library="triton", shared=False))
-            return
+            return None
         key = ("triton", kernel_name(jit), jit.cache_key, launch, the_target)
         device = active_driver().get_current_device()
         # On a GPU the build also loads the module: GPU work, which graph capture must not overlap.
         run = WarmupRun(jit, stand_ins, kwargs, device, the_target)
         entries = TritonEntries(key, (the_target.backend, the_target.arch, the_target.warp_size), run)
-        self.builds.append(Build(self.op, key, run, uses_gpu=not compile_only(), loads_only=True, label=label,
-                                 library="triton", artifact=entries))
-
-
-_recording_var: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("buildops_triton", default=None)
+        build = Build(self.op, key, run, uses_gpu=not compile_only(), loads_only=True, label=label,
+                      library="triton", artifact=entries)
+        self.builds.append(build)
+        return PendingKernel(build, jit, stand_ins, kwargs, device)
 
 
 def _recording_jit_run(original: Any) -> Any:
     """The replacement of ``JITFunction.run`` (and ``InterpretedFunction.run``, whose signature is the same)."""
     def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        recording = _recording_var.get()
-        if recording is None:
+        recording = active_recording.get()
+        if not isinstance(recording, _Recording):
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-        recording.add(self, args, kwargs)
-        return None
+        return recording.add(self, args, kwargs)
     return run
 
 
-def _recording_autotuner_run(original: Any) -> Any:
+def _recording_autotuner_run(original: Any, serves: bool = True) -> Any:
+    """The replacement of ``Autotuner.run`` (and of a library's tuner class that overrides it): recorded in a
+    recording; elsewhere, for Triton's own, as :func:`.serving.serve` says (after the first pass: no tuning on the
+    calling thread at a key no build tuned), and for another class, its own ``run``."""
     def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
-        recording = _recording_var.get()
-        if recording is None:
-            return original(self, *args, **kwargs)
+        recording = active_recording.get()
+        if not isinstance(recording, _Recording):
+            return serve(self, original, args, kwargs) if serves else original(self, *args, **kwargs)
         first = len(recording.builds)
-        for config in _configs_to_build(self, args, kwargs):  # every config, no benchmark: each is a build
-            self.fn.run(*args, **kwargs, **config.all_kwargs())
+        configs = _configs_to_build(self, args, kwargs)
+        # every config, no benchmark: each is a build
+        launched = [self.fn.run(*args, **kwargs, **config.all_kwargs()) for config in configs]
         if not interpreted(self):  # the interpreter times nothing ahead: it runs each launch in Python
             tune = tune_build(recording.op, self, args, kwargs, [b.key for b in recording.builds[first:]], original)
             if tune is not None:
                 recording.builds.append(tune)
-        return None
+        if not configs:
+            return None
+        # What a real run leaves for code that reads it back: the config it launched, and that config's kernel
+        chosen = config_for_replay(self, args, kwargs, configs)
+        self.best_config = configs[chosen]
+        return launched[chosen]
     return run
 
 
@@ -163,8 +180,60 @@ _JIT_RUN = Patch(JITFunction, "run", _recording_jit_run,
                  "Triton 3.6-3.7 have no hook before a launch compiles: launches are recorded where "
                  "they would compile")
 _AUTOTUNER_RUN = Patch(Autotuner, "run", _recording_autotuner_run,
-                       "Triton 3.6-3.7's Autotuner benchmarks every config at its "
-                       "first launch: it is recorded as one build per config instead")
+                       "Triton 3.6-3.7's Autotuner benchmarks every config at its first launch: it is recorded "
+                       "as one build per config instead, and after a pass never tunes on a serving thread")
+
+
+_tuner_class_patches: dict[type, Patch] = {}
+
+
+def _tuner_class_patches_now() -> list[Patch]:
+    """A patch of ``run`` for each subclass of ``Autotuner`` that overrides it (a library's own tuner, which would
+    otherwise time stand-ins in a replay and keep what it timed), made once per class."""
+    found, classes = [], list(Autotuner.__subclasses__())
+    while classes:
+        cls = classes.pop()
+        classes.extend(cls.__subclasses__())
+        if "run" in cls.__dict__:
+            patch = _tuner_class_patches.get(cls)
+            if patch is None:
+                patch = _tuner_class_patches[cls] = Patch(
+                    cls, "run", lambda original: _recording_autotuner_run(original, serves=False),
+                    "a library's Autotuner subclass times its configs at its first launch: recorded as Triton's is")
+            found.append(patch)
+    return found
+
+
+_serving = False  # whether serve_after_passes holds the patch of Autotuner.run
+_serving_lock = threading.Lock()
+
+
+@forget_in_child
+def _new_serving_lock() -> None:
+    global _serving_lock
+    _serving_lock = threading.Lock()
+
+
+def serve_after_passes() -> None:
+    """Hold the patch of ``Autotuner.run`` beyond recordings, so that launches after a pass follow
+    :func:`.serving.serve` (a late-compile watcher: installed when the first outermost pass ends, until
+    ``buildops.testing.reset``). One patch serves both: two of one attribute could only be released in the order
+    they were installed."""
+    global _serving
+    with _serving_lock:
+        if _serving:
+            return
+        _serving = True
+    _AUTOTUNER_RUN.acquire()
+
+
+@on_reset.add
+def _stop_serving() -> None:
+    global _serving
+    with _serving_lock:
+        held, _serving = _serving, False
+    if held:
+        _AUTOTUNER_RUN.release()
 
 
 def _configs_to_build(tuner: Autotuner, args: tuple, kwargs: dict) -> list:
@@ -191,14 +260,14 @@ def recording(op: str) -> Iterator[list[Build]]:
     recording_ = _Recording(op)
     with contextlib.ExitStack() as patches:
         patches.enter_context(building())  # a listing parses kernels (their cache keys) beside the builds
-        for patch in (_JIT_RUN, _AUTOTUNER_RUN, run_patch(_recording_jit_run)):
+        for patch in (_JIT_RUN, _AUTOTUNER_RUN, run_patch(_recording_jit_run), *_tuner_class_patches_now()):
             if patch is not None:
                 patches.enter_context(patch.applied())
-        token = _recording_var.set(recording_)
+        token = active_recording.set(recording_)
         try:
             yield recording_.builds
         finally:
-            _recording_var.reset(token)
+            active_recording.reset(token)
 
 
 def triton_builds(op: str, kernel: Any, *args: Any, **kwargs: Any) -> list[Build]:
