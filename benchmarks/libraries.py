@@ -7,6 +7,8 @@ the block), through a trace of requests at row counts the start never saw:
               best_config back, an aten override (torch.nn.functional.silu), a tuner keyed on the exact row count
     unsloth   unsloth's own launch cache (unsloth/kernels/triton_launch.py, loaded from its installed files), which
               relaunches the kept kernel with compiled.run(...), around an RMSNorm kernel of this script's
+    fla       fla-core 0.6.0's RMSNorm and SwiGLU (examples/fla_lm's library: it calls Triton plainly, through
+              @triton.autotune), for comparison
 
 and two starts of each, every one a fresh process with an empty Triton cache:
 
@@ -18,10 +20,10 @@ Every start finds Python's bytecode cached (an untimed start of each primes it).
 Counted on the serving thread during the trace: compiles and tunings; and the tunings buildops deferred (queued,
 run on its serial worker). Outputs are compared with the lazy start's of the same round.
 
-    python3 benchmarks/libraries.py [--rounds 3] [--libraries dispatch,unsloth]
+    python3 benchmarks/libraries.py [--rounds 3] [--libraries dispatch,unsloth,fla]
 
-Run from the repository root on a GPU machine (unsloth installed, or its wheel on PYTHONPATH). A line per start,
-then a table of medians, last.
+Run from the repository root on a GPU machine (unsloth and fla-core installed, or their wheels on PYTHONPATH). A
+line per start, then a table of medians, last.
 """
 
 from __future__ import annotations
@@ -96,6 +98,17 @@ def _unsloth_model():
     return block
 
 
+def _fla_model():
+    from fla.modules.activations import swiglu
+    from fla.modules.norm.layernorm import rms_norm
+
+    def block(x, w):
+        h = rms_norm(x, w, None, eps=1e-6)
+        return x + swiglu(h, h)
+
+    return block
+
+
 def child(library: str, how: str) -> dict:
     if how == "buildops":  # first thing, as the startup recipe says: the workers start beside the imports
         from buildops.startup import start_build_workers
@@ -124,7 +137,7 @@ def child(library: str, how: str) -> dict:
         return prune(self, *args, **kwargs)
 
     Autotuner.prune_configs = count_tuning
-    block = {"dispatch": _dispatch_model, "unsloth": _unsloth_model}[library]()
+    block = {"dispatch": _dispatch_model, "unsloth": _unsloth_model, "fla": _fla_model}[library]()
     if how == "buildops":
         from buildops import BuildConfig, DynamicSpec, lists_kernels
 
