@@ -56,6 +56,8 @@ logger = logging.getLogger("buildops")
 
 # How long shutdown() waits on one worker at a time before it looks again at which are stuck.
 JOIN_STEP_SECONDS = 0.1
+# How long shutdown waits for the watchdog's thread to end once it watches nothing: woken, it ends at once.
+WATCHDOG_END_SECONDS = 1.0
 
 
 class _WaitingOp(Protocol):
@@ -460,6 +462,9 @@ class Builder:
                     if left is not None and left <= 0:
                         break
                     thread.join(JOIN_STEP_SECONDS if left is None else min(JOIN_STEP_SECONDS, left))
+            if not self._watchdog.running:  # it watches nothing more and is ending: no thread outlives the builder
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                self._watchdog.join(WATCHDOG_END_SECONDS if left is None else min(WATCHDOG_END_SECONDS, left))
             if self._sharing is not None:  # after the workers: each released its own builds' claims
                 self._sharing.close()
 

@@ -59,6 +59,13 @@ class Watchdog(Generic[R]):
             self._thread.start()
         self._changed.notify_all()
 
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until its thread has ended (it ends once ``closed()`` and nothing is watched), at most ``timeout``
+        seconds."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
     def unwatch_locked(self, record: R) -> None:
         if record in self.running:
             self.running.discard(record)
