@@ -51,12 +51,18 @@ __all__ = ["recording", "serve_after_passes", "triton_builds"]
 logger = logging.getLogger("buildops")
 
 
+_ABSENT = object()
+
+
 def _specialize(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[list, dict]:
-    """The launch's specialization and options as ``JITFunction.run`` computes them (Triton 3.6 and 3.7): one
+    """The launch's specialization and options as ``JITFunction.run`` computes them (Triton 3.6 to 3.9): one
     ``(type, spec)`` per kernel parameter, e.g. ``("*fp16", "D")``, ``("i32", "D")``, ``("constexpr", 1)``."""
     options = dict(kwargs)
     options["debug"] = options.get("debug", jit.debug) or knobs.runtime.debug
     options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    fpsan = getattr(knobs.compilation, "fpsan_homomorphic_casts", _ABSENT)  # Triton 3.9's, in its launch keys
+    if fpsan is not _ABSENT:
+        options["fpsan_homomorphic_casts"] = fpsan
     binder = jit.device_caches[active_driver().get_current_device()][4]
     _, specialization, options = binder(*args, **options)
     return list(specialization), options
@@ -72,7 +78,7 @@ def _key_of(specialization: list, options: dict) -> str:
 
 
 def _launch_key(jit: JITFunction, args: tuple, kwargs: dict) -> str:
-    """The key ``JITFunction.run`` will look up for this launch (mirrors its preprocessing; Triton 3.6 and 3.7)."""
+    """The key ``JITFunction.run`` will look up for this launch (mirrors its preprocessing; Triton 3.6 to 3.9)."""
     return _key_of(*_specialize(jit, args, kwargs))
 
 
