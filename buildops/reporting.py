@@ -221,8 +221,8 @@ class Report:
 
     def format(self) -> str:
         """A plain-text table, one row per op, a total row, then each failure on a line, each library's coverage
-        (prebuilt: compiled or found cached; skipped; compiled late), each late compile, and each op that listed
-        nothing. The same text as :func:`format_report` of :meth:`to_dict`."""
+        (prebuilt: compiled or found cached; skipped; compiled late) and late tunings, each late compile or tuning,
+        and each op that listed nothing. The same text as :func:`format_report` of :meth:`to_dict`."""
         return format_report(self.to_dict())
 
 
@@ -259,6 +259,12 @@ def format_report(data: Mapping[str, Any]) -> str:
     out = _table(_HEADINGS, rows)
     out += [f"failed: {f['op']}: {f['build']}: {f['error']}" for f in data["failures"]]
     out += [text for library, counts in data["coverage"].items() for text in _coverage(counts).describe(library)]
+    tunings: dict[str, int] = {}
+    for late in data["late"]:
+        if late.get("kind") == "tuning":
+            tunings[late["library"]] = tunings.get(late["library"], 0) + 1
+    out += [f"{library}: {n} tuning(s) late (keys no pass listed; serving ran the nearest key's config meanwhile)"
+            for library, n in sorted(tunings.items())]
     out += [LateCompile(**{**late, "ops": tuple(late["ops"])}).describe() for late in data["late"]]
     out += [ListedNothing(**entry).describe() for entry in data["listed_nothing"]]
     if data.get("store") is not None:

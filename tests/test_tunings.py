@@ -72,6 +72,10 @@ def test_after_a_pass_a_launch_at_an_untuned_key_runs_the_nearest_tuned_config_a
     with settings.scope(late_compile="error"), pytest.raises(LateCompileError, match="late tuning of triton"):
         launch(5)
     assert tuned_late()[-1].variant.startswith("autotuning key (5, 256")
+    text = buildops.report().format()  # apart from the compiles, and each described
+    assert "triton: 2 tuning(s) late" in text
+    assert "late tuning of triton kernel dispatch_library._softmax_kernel" in text
+    assert buildops.report().coverage()["triton"].late == len(late_compiles()) - 2
 
 
 def test_with_no_tuned_key_the_first_config_runs(monkeypatch):
