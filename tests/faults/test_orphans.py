@@ -103,7 +103,8 @@ if __name__ == "__main__":
         if not left:
             break
         time.sleep(0.1)
-    print("left once given up", len(left), flush=True)
+    # One string, one write: the given-up build's thread may print its compiler's error to stdout meanwhile
+    print(f"left once given up {len(left)}", flush=True)
     helpers = [getattr(forkserver._forkserver, "_forkserver_pid", None), resource_tracker._resource_tracker._pid]
     print("helpers", *[pid for pid in helpers if pid], flush=True)
 """
