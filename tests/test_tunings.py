@@ -159,3 +159,34 @@ def test_on_a_gpu_a_serving_launch_at_an_untuned_key_queues_its_tuning_and_uses_
     torch.testing.assert_close(softmax_plain(x), torch.softmax(x, -1))
     assert TUNER.best_config == TUNER.cache[key(37)]
     assert len([late for late in late_compiles() if late.kind == "tuning"]) == 1
+
+
+def test_a_kept_choice_travels_as_a_build_store_artifact_to_another_node(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    tunings.keep(TUNER, key(64), CONFIGS[2])  # tuned on node A
+    on_a = tunings.KeptChoice(TUNER, key(64), torch.device("cuda", 0))
+    files = on_a.collect()
+    assert on_a.known_locally() and list(files) == [on_a.path.name]
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "node-b"))  # node B: its own cache, nothing kept
+    on_b = tunings.KeptChoice(TUNER, key(64), torch.device("cuda", 1))
+    assert on_b.identity() == on_a.identity() and not on_b.known_locally() and on_b.collect() is None
+    assert tunings.kept(TUNER, key(64)) is None
+    on_b.install(files)
+    assert on_b.known_locally() and tunings.kept(TUNER, key(64)) == CONFIGS[2]
+    on_b.install({on_b.path.name: b"{}"})  # an entry already there is never replaced
+    assert tunings.kept(TUNER, key(64)) == CONFIGS[2]
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    other_model = tunings.KeptChoice(TUNER, key(64), torch.device("cuda", 0))
+    assert other_model.identity() != on_a.identity()  # timings of another model are not this one's
+
+
+def test_a_tune_build_is_claimed_across_the_node_and_carries_its_kept_choice(monkeypatch):
+    from buildops.backends.triton import autotune
+
+    monkeypatch.setattr(autotune, "compile_only", lambda: False)  # as on a GPU, where tunings are built
+    x = torch.zeros(40, 256)
+    build = autotune.tune_build("softmax", TUNER, (x, x, 40, 256), {"BLOCK": 256}, [], lambda *a, **k: None)
+    assert build.serial and build.shared and isinstance(build.artifact, tunings.KeptChoice)
+    tunings.keep(TUNER, key(40), CONFIGS[1])
+    TUNER.cache.clear()
+    assert autotune.tune_build("softmax", TUNER, (x, x, 40, 256), {"BLOCK": 256}, [], lambda *a, **k: None) is None

@@ -24,7 +24,7 @@ from ..._runtime.gpu import run_admitted
 from .driver import active_driver, compile_only, inner_jit, kernel_name, target
 from .patches import building
 from .stand_ins import PointerArg
-from .tunings import keep, known, stand_in_config, tuner_key
+from .tunings import KeptChoice, keep, known, stand_in_config, tuner_key
 
 __all__ = ["COMPILE_WAIT_SECONDS", "config_for_replay", "tune_build"]
 
@@ -97,7 +97,8 @@ def tune_build(op: str, tuner: Autotuner, args: tuple, kwargs: dict, compiles: l
     device = torch.device("cuda", active_driver().get_current_device())
     return Build(op, ("triton-autotune", kernel_name(jit), jit.cache_key, key, target()),
                  _TuneRun(tuner, key, layouts, kwargs, compiles, device, run), uses_gpu=True,
-                 label=f"autotune {jit.fn.__name__}{list(key)}", shared=False, serial=True, after=tuple(compiles))
+                 label=f"autotune {jit.fn.__name__}{list(key)}", serial=True, after=tuple(compiles),
+                 artifact=KeptChoice(tuner, key, device))
 
 
 class _TuneRun:

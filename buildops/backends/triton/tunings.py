@@ -6,6 +6,9 @@ choice for the nearest key.
   Wherever a tuner meets a key that has no choice in memory (a tune build, a replay, a serving launch), it takes a
   kept one without timing anything: a restart, or another process of the node sharing the cache, runs the same
   config without tuning again. A kept file that cannot be read, or names a config the tuner no longer has, is a miss.
+* **Shared.** A tune build carries its kept choice as its artifact (:class:`KeptChoice`): the processes of a node
+  claim it as one build (one tunes; the others then take its choice, untimed), and a build store
+  (``BUILDOPS_STORE``) carries it to other nodes, so every rank of a job runs the same config.
 * **Nearest.** What runs at a key no one tuned yet: the choice for the nearest key of the same kernel (as vLLM's
   fused-MoE config lookup takes the nearest M), else the first config.
 """
@@ -24,7 +27,7 @@ from triton.runtime.autotuner import Autotuner
 from ..._runtime.files import write_atomically
 from .driver import inner_jit, kernel_name, target
 
-__all__ = ["keep", "kept", "known", "nearest", "stand_in_config", "tuner_key"]
+__all__ = ["KeptChoice", "keep", "kept", "known", "nearest", "stand_in_config", "tuner_key"]
 
 logger = logging.getLogger("buildops")
 
@@ -48,6 +51,48 @@ def _path(tuner: Autotuner, key: tuple) -> Path:
 def _described(config: Any) -> dict[str, Any]:
     return {"kwargs": dict(config.kwargs), "num_warps": config.num_warps, "num_stages": config.num_stages,
             "num_ctas": config.num_ctas, "maxnreg": config.maxnreg}
+
+
+class KeptChoice:
+    """A tune build's artifact for the build store (the ``Artifact`` contract): its kept choice, one small file.
+
+    Its identity names the kernel's source, the tuning key, the target, the GPU's model (timings differ between
+    models of one architecture) and Triton's version; nothing of where things are installed.
+
+    Args:
+        tuner: the tuner.
+        key: the tuning key.
+        device: the GPU the tuning times on.
+    """
+
+    def __init__(self, tuner: Autotuner, key: tuple, device: Any) -> None:
+        self.path = _path(tuner, key)
+        self.device = device
+        self._identity: str | None = None
+
+    def identity(self) -> str:
+        if self._identity is None:
+            import torch
+            import triton
+
+            named = repr(("triton-tuning", self.path.name, torch.cuda.get_device_name(self.device),
+                          triton.__version__))
+            self._identity = hashlib.sha256(named.encode()).hexdigest()
+        return self._identity
+
+    def known_locally(self) -> bool:
+        return self.path.is_file()
+
+    def install(self, files: dict[str, bytes]) -> None:
+        data = files.get(self.path.name)
+        if data is not None and not self.path.exists():  # an entry already here is never replaced
+            write_atomically(self.path, data)
+
+    def collect(self) -> dict[str, bytes] | None:
+        try:
+            return {self.path.name: self.path.read_bytes()}
+        except OSError:  # nothing kept (the tuning failed to write it): nothing to share
+            return None
 
 
 def keep(tuner: Autotuner, key: tuple, config: Any) -> None:
