@@ -5,7 +5,8 @@ does not tune on the calling thread (``BUILDOPS_SERVING_TUNE=defer``): it runs a
 the nearest key of the same kernel, or the first config where none is (:func:`.tunings.stand_in_config`), and moves
 its own key's tuning ahead on the builder's serial worker (queueing it where no pass listed it); from then on the
 key's launches use what that tuning chose. A key no pass listed is a gap in coverage, recorded once as a late tuning
-(``BUILDOPS_LATE_COMPILE`` says whether it warns or raises). ``inline`` keeps Triton's behaviour.
+(``BUILDOPS_LATE_COMPILE`` says whether it warns or raises). ``inline`` keeps Triton's behaviour, and so does
+``BUILDOPS_AUTOTUNE=0`` (tunings are then never built: launches tune at first use).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def serve(tuner: Autotuner, original: Any, args: tuple, kwargs: dict) -> Any:
     key: tuple = ()
     try:
         key = tuner_key(tuner, args, kwargs)
-        tuned = known(tuner, key) is not None or read_or_default(type(settings).serving_tune) == "inline"
+        tuned = (known(tuner, key) is not None or read_or_default(type(settings).serving_tune) == "inline"
+                 or not read_or_default(type(settings).autotune))  # tunings not built: they tune at first use
     except Exception:
         logger.debug("buildops: %s: its tuning key could not be read", tuner.base_fn.__name__, exc_info=True)
         tuned = True
