@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,8 @@ def argument(*flags: str, **options: Any) -> _Argument:
     return _Argument(flags, options)
 
 
+# The exit status of a command that a closed pipe ended (128 + SIGPIPE), as a shell reports it.
+SIGPIPE_STATUS = 141
 JSON = argument("--json", action="store_true", help="print JSON, for a machine to read")
 
 
@@ -104,6 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"buildops: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader closed the pipe (`buildops report r.json | head -1`): end quietly, as a command killed by
+        # SIGPIPE does; stdout goes to /dev/null so that the interpreter's last flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return SIGPIPE_STATUS
 
 
 def _print_json(data: object) -> None:

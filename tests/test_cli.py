@@ -174,6 +174,21 @@ def clean_env(**variables):
     return {**env, "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), **variables}
 
 
+@pytest.mark.parametrize("command", [["report", "report.json"], ["report", "report.json", "--json"],
+                                     ["doctor", "--json"]], ids=["report", "report-json", "doctor-json"])
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path, command):
+    Report((OpReport("add", 3, 1, 2, 0, 0, 0, 0.5, 0.25),), ()).save(tmp_path / "report.json")
+    env = clean_env(BUILDOPS_NODE_LOCKS=str(tmp_path / "locks"), DG_JIT_CACHE_DIR=str(tmp_path / "dg"))
+    reader, writer = os.pipe()
+    os.close(reader)  # `| head -0`: gone before the command writes a line
+    try:
+        done = subprocess.run([sys.executable, "-m", "buildops", *command], stdout=writer, stderr=subprocess.PIPE,
+                              text=True, timeout=120, env=env, cwd=tmp_path)
+    finally:
+        os.close(writer)
+    assert done.stderr == "" and done.returncode == 141  # as a command SIGPIPE ended: no traceback
+
+
 def test_python_m_buildops_doctor_json(tmp_path):
     locks = tmp_path / "locks"
     env = clean_env(BUILDOPS_THREADS="3", BUILDOPS_NODE_LOCKS=str(locks), DG_JIT_CACHE_DIR=str(tmp_path / "dg"))

@@ -251,6 +251,24 @@ def test_a_call_whose_nested_pass_raised_is_listed_again_in_the_enclosing_pass(r
     assert buildops.join(timeout=WAIT) and runs.calls.count(("op", 3)) == 1
 
 
+def test_a_rehearsal_says_at_its_end_how_many_builds_still_build_and_none_when_none_do(runs, caplog):
+    from buildops.testing import record_listings
+
+    gate = threading.Event()
+    held = op_listing(runs, name="held", gate=gate)
+    try:
+        with caplog.at_level(logging.INFO, logger="buildops"), rehearsal("startup"):
+            held(torch.empty(4, 3))
+        assert "pass 'startup' done in" in caplog.text and "(1 build(s) queued, 1 still building)" in caplog.text
+    finally:
+        gate.set()
+    assert buildops.join(timeout=WAIT)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="buildops"), record_listings():
+        held(torch.empty(4, 5))
+    assert "(0 build(s) queued)" in caplog.text and "still building" not in caplog.text
+
+
 def test_a_pass_says_at_its_end_how_many_of_its_builds_failed(runs, caplog):
     ok, broken = op_listing(runs, name="ok"), op_listing(runs, name="broken", fail=True)
     with caplog.at_level(logging.INFO, logger="buildops"), build_pass("warmup"):

@@ -274,10 +274,11 @@ class BuildPass:
             late.arm()  # from now on, a kernel compiled on first use is a gap in what the passes covered
         futures = set(self.futures)
         failed = sum(1 for f in futures if f.done() and not f.cancelled() and f.exception() is not None)
+        building = sum(1 for f in futures if not f.done())
         logger.info("buildops: pass %r done in %.2f s (%d build(s) queued%s%s)", self.name,
                     time.perf_counter() - self._started, len(futures),
                     f", {failed} failed or given up: their ops compile on first use" if failed else "",
-                    "" if self.join_at_exit else ", still building")
+                    f", {building} still building" if building else "")
 
     def _cancel(self, builder: Builder | None, why: str) -> None:
         """Cancel the queued builds that only this pass and the passes it encloses wanted, and log it."""
