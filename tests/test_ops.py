@@ -454,3 +454,23 @@ def test_a_call_outside_a_pass_stops_waiting_for_a_hung_build_at_the_timeout(run
     assert torch.allclose(out, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
     assert report().ops[0].failed == 1 and "BUILDOPS_BUILD_TIMEOUT" in report().failures[0][2]
     gate.set()
+
+
+def test_a_pass_beyond_a_spec_s_max_builds_its_own_shape_too_and_says_so_once(runs, caplog):
+    seen = []
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, max=8)), output="x")
+    def capped(x):
+        return x
+
+    capped.lister(lambda x: seen.append(x.shape[0]) or [runs.build("capped", ("capped", x.shape[0]))])
+    with caplog.at_level(logging.WARNING, logger="buildops"), build_pass("warmup"):
+        capped(torch.empty(20, 4))
+        capped(torch.empty(20, 4))
+    assert seen == [20, 1, 2, 4, 8]  # the pass's own shape, first, then the sweep up to max
+    assert runs.count(("capped", 20)) == 1 and runs.count(("capped", 8)) == 1
+    assert caplog.text.count("beyond its sweep's max") == 1 and "{'x.0': 20}" in caplog.text
+    seen.clear()
+    with build_pass("again"):
+        capped(torch.empty(6, 4))  # within max: the sweep alone, nothing said
+    assert seen == [6, 1, 2, 4] and caplog.text.count("beyond its sweep's max") == 1

@@ -133,6 +133,7 @@ class _Op:
         self._pending_shapes: dict[Hashable, dict[tuple, list[concurrent.futures.Future]]] = {}
         self._lock = threading.Lock()
         self._templates: dict[Hashable, Any] = {}  # inferred placeholders by the call's full signature
+        self._warned_beyond_max = False
         self.name, self._first_claim = claim_name(fn, name, decorator)
         if self.name != op_name(fn, name):
             self.config = self._resolve(self.method)  # its errors name the op as reports will
@@ -236,8 +237,14 @@ class _Op:
         arguments = bound.arguments
         signature = self.config.signature(arguments)
         called = self.config.called(arguments)
+        beyond = self.config.beyond_max(arguments)
+        if beyond is not None:  # the pass's own shape, outside the sweep: built too, and the call's shape is that
+            called = beyond
         if build_pass.first_call(self, signature):
             combinations = self.config.combinations(arguments)
+            if beyond is not None and beyond not in combinations:
+                combinations.append(beyond)
+                self._warn_beyond_max(beyond)
             # The call's own shape is listed first: a library that keeps the first kernel a key of its own meets
             # (a launch cache) then keeps this call's, as a lazy run of this call would have.
             listed = {shape_key(dims): self.builds(bound, dims)
@@ -253,6 +260,17 @@ class _Op:
         if called is not None:
             build_pass.note_called(self.name, signature, called)
         return self._placeholder(bound)
+
+    def _warn_beyond_max(self, dims: Mapping[str, int]) -> None:
+        """Say once per op that a pass called it beyond a spec's ``max``, which serving was said never to exceed."""
+        with self._lock:
+            if self._warned_beyond_max:
+                return
+            self._warned_beyond_max = True
+        maxima = {d.spec.key: d.spec.max for d in self.config.dims if d.spec.max is not None}
+        logger.warning("buildops: %s: a pass calls it at %s, beyond its sweep's max %s; that shape is built too. "
+                       "Raise max= to where serving goes, or call the op in the pass within it", self.name,
+                       dict(dims), maxima)
 
     def builds(self, bound: inspect.BoundArguments, dims: Mapping[str, int]) -> list[Build]:
         """The builds for one swept shape. Subclasses define how."""

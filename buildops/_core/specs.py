@@ -355,6 +355,17 @@ class ResolvedConfig:
                                f"value {seen}")
             raise
 
+    def beyond_max(self, bound: Mapping[str, Any]) -> dict[str, int] | None:
+        """The combination of this call's own dim values, uncapped, where one of them exceeds its spec's ``max``
+        (a pass called the op at a shape its sweep does not reach); None where none does or ``where`` leaves the
+        call out."""
+        combo = {d.spec.key: d.read(self.op, bound) for d in self.dims}
+        if not any(d.spec.max is not None and combo[d.spec.key] > d.spec.max for d in self.dims):
+            return None
+        if self.config.where is not None and not self.config.where(combo):
+            return None
+        return combo
+
     def called(self, bound: Mapping[str, Any]) -> dict[str, int] | None:
         """The combination of this call's own dim values (each capped at its spec's ``max``, as the sweep caps
         it), or None where ``where`` leaves it out. A sweep may not contain it (an explicit list, a value between
