@@ -170,7 +170,7 @@ def test_a_pending_kernel_waits_for_its_build_in_flight(library, monkeypatch):
     gate.set()
     waiter.join(WAIT)
     assert isinstance(resolved["kernel"], CompiledKernel) and late_compiles() == []
-    assert len({c[0] for c in library if c[0] == "_rms_norm_kernel"}) == 1
+    assert [c[0] for c in library].count("_rms_norm_kernel") == 1  # by its build alone
 
 
 def test_a_pending_kernel_whose_build_never_ran_compiles_on_first_use_as_a_lazy_run_does(library):
@@ -201,14 +201,11 @@ def test_aten_overrides_list_through_their_python_kernel(library):
     assert any("_silu_kernel" in str(key) for key in rec.keys("block"))
 
 
-def test_without_the_override_the_aten_op_is_torch_s_own_and_lists_nothing(library):
-    library_override = L.register  # the fixture's override is on; a function calling torch alone is the control
-
+def test_an_aten_op_no_library_overrode_stays_torch_s_own_and_lists_nothing(library):
     @lists_kernels(BuildConfig(DynamicSpec("x", dim=0, sweep=[4])), output="x")
-    def gelu(x):
+    def gelu(x):  # the control: the fixture's library overrides silu, not gelu
         return F.gelu(x)
 
-    assert library_override is L.register
     with record_listings() as rec:
         gelu(torch.zeros(4, 8, device=device()))
     assert rec.keys("gelu") == []

@@ -255,7 +255,6 @@ class AtenOverrideRouter(TorchDispatchMode):
         super().__init__()
         self.device = device
         self.overridden = overridden
-        self.routed: dict[str, str] = {}  # aten op -> where its Python kernel was found
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -265,9 +264,8 @@ class AtenOverrideRouter(TorchDispatchMode):
         device = _device_type(args, kwargs)
         if device == "meta":
             device = self.device
-        impl, where = implementation(func, device)
+        impl, _ = implementation(func, device)
         if impl is None:  # torch's own kernel for this device: the stand-ins' meta or fake one runs
             return func(*args, **kwargs)
-        self.routed.setdefault(func._name, where)
         with self:  # off inside its own handler: the aten ops the override calls are routed too
             return impl(*args, **kwargs)
