@@ -341,7 +341,9 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
 
 
 def _cancel_rehearsal(rehearsing: BuildPass, error: BaseException) -> None:
-    """Cancel the rehearsal's queued builds that no other pass wants, and log it."""
+    """Stop listing the rest of its sweeps; cancel the rehearsal's queued builds that no other pass wants, and log
+    it."""
+    rehearsing.drop_sweeps()
     builder = current_builder()
     if builder is not None and rehearsing.futures:
         cancelled = builder.cancel(rehearsing.futures, releases=rehearsing.encloses)

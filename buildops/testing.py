@@ -63,6 +63,7 @@ class ListingRecorder(BuildPass):
 
     arms_late_compiles = False  # nothing was built, so nothing compiled afterwards is a gap
     lists_apart = True  # inside a real pass too, it sees every call, and leaves the pass to queue them
+    lists_sweep_later = False  # what a test reads at the end of its block is every shape's
 
     def __init__(self, name: str = "record") -> None:
         super().__init__(name, join_at_exit=False)

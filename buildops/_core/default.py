@@ -8,6 +8,7 @@ import time
 from .._runtime.forking import forget_in_child
 from .._runtime.hooks import on_shutdown
 from .builder import Builder
+from .sweeps import wait_for_sweeps
 
 __all__ = ["current_builder", "default_builder", "join", "shutdown"]
 
@@ -44,12 +45,17 @@ def _forget_after_fork() -> None:
 
 
 def join(timeout: float | None = None, gpu_only: bool = False, op: str | None = None) -> bool:
-    """Wait for the process's builds: all, only GPU ones, or one op's (by name or prefix).
+    """Wait for the process's builds: all, only GPU ones, or one op's (by name or prefix); first, for the sweeps
+    still listing after a rehearsal, whose builds are among them.
 
     Returns False if ``timeout`` seconds passed first. Failed builds do not raise: their ops compile on first use.
     """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if not wait_for_sweeps(timeout):
+        return False
     builder = _default
-    return True if builder is None else builder.join(timeout=timeout, gpu_only=gpu_only, op=op)
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    return True if builder is None else builder.join(timeout=left, gpu_only=gpu_only, op=op)
 
 
 def shutdown(wait: bool = True, timeout: float | None = None) -> None:

@@ -43,6 +43,7 @@ from .names import claim_name, described, hold_name, op_name, release_name, shor
 from .passes import BuildPass, _current, _in_pass, active, shape_key
 from .signatures import call_signature
 from .specs import BuildConfig, ResolvedConfig, SpecError, TensorSpec, tensor_dims
+from .sweeps import Sweep, listing
 
 logger = logging.getLogger("buildops")
 
@@ -132,6 +133,8 @@ class _Op:
         # not hold: a serving call waits for its own shape's builds only.
         self._pending_shapes: dict[Hashable, dict[tuple, list[concurrent.futures.Future]]] = {}
         self._lock = threading.Lock()
+        # The sweeps of first calls whose rest is still to be listed, by signature (see .sweeps)
+        self._sweeps: dict[Hashable, Sweep] = {}
         self._templates: dict[Hashable, Any] = {}  # inferred placeholders by the call's full signature
         self._warned_beyond_max = False
         self.name, self._first_claim = claim_name(fn, name, decorator)
@@ -155,8 +158,9 @@ class _Op:
             build_pass = active(build_pass)
         if build_pass is None:
             # Never on a builder thread: a build that calls another op (a @builds_by_running body) would wait for
-            # builds queued behind it on the same workers; there the inner op compiles as part of the build.
-            if self.pending and not on_builder_thread():
+            # builds queued behind it on the same workers; there the inner op compiles as part of the build. Nor
+            # in a sweep's listing: a replay only records what the inner op launches.
+            if self.pending and not on_builder_thread() and not listing():
                 self._settle_method(wrapped, instance)
                 self._wait_for_own_builds(instance, args, kwargs)
             return wrapped(*args, **kwargs)
@@ -219,6 +223,15 @@ class _Op:
         shape = shape_key(called)
         with self._lock:
             own = shapes.get(shape)
+            sweep = self._sweeps.get(signature) if own is None else None
+        if sweep is not None:  # a shape of the sweep not listed yet: listed now, ahead of the rest
+            try:
+                sweep.list(called)
+            except Exception:
+                logger.debug("buildops: %s: listing a call's shape ahead of its sweep failed", self.name,
+                             exc_info=True)
+            with self._lock:
+                own = shapes.get(shape)
         if own is not None:
             return own
         try:
@@ -245,21 +258,62 @@ class _Op:
             if beyond is not None and beyond not in combinations:
                 combinations.append(beyond)
                 self._warn_beyond_max(beyond)
-            # The call's own shape is listed first: a library that keeps the first kernel a key of its own meets
-            # (a launch cache) then keeps this call's, as a lazy run of this call would have.
-            listed = {shape_key(dims): self.builds(bound, dims)
-                      for dims in sorted(combinations, key=lambda dims: dims != called)}
-            by_shape = {}
-            for dims in combinations:
-                builds = listed[shape_key(dims)]
-                futures = build_pass.take(self.name, signature, dims, builds)
-                # A serving call never waits for a serial build (a tuning): the library runs meanwhile without it
-                by_shape[shape_key(dims)] = [f for b, f in zip(builds, futures) if not b.serial]
-            if any(by_shape.values()):
-                self._note_pending(signature, by_shape)
+            self._sweep(build_pass, bound, signature, called, combinations)
+        elif called is not None:
+            with self._lock:
+                sweep = self._sweeps.get(signature)
+            if sweep is not None:  # a shape the first call's sweep left for later: the pass calls it, so now
+                sweep.list(called)
         if called is not None:
             build_pass.note_called(self.name, signature, called)
         return self._placeholder(bound)
+
+    def _sweep(self, build_pass: BuildPass, bound: inspect.BoundArguments, signature: Hashable,
+               called: Mapping[str, int] | None, combinations: list[dict[str, int]]) -> None:
+        """List a first call's sweep: its own shape first, then the rest, now or after the pass's body.
+
+        The call's own shape is listed first: a library that keeps the first kernel a key of its own meets (a
+        launch cache) then keeps this call's, as a lazy run of this call would have. The rest waits for the end of
+        the pass's body (:mod:`.sweeps`) where listing it costs a replay per shape, and where what the own shape
+        listed says the rest can wait: builds, none of which does GPU work (ready waits for those)."""
+        first = called if called in combinations else combinations[0] if combinations else None
+        if first is None:
+            return
+        builds = self.builds(bound, first)
+        rest = [dims for dims in combinations if dims != first]
+        if (rest and self.replays and build_pass.lists_later and builds
+                and not any(b.uses_gpu and not b.loads_only and not b.serial for b in builds)):
+            sweep = Sweep(self.name, build_pass, functools.partial(self._list_shape, build_pass, bound, signature),
+                          rest)
+            with self._lock:
+                self._sweeps[signature] = sweep
+            self._take(build_pass, signature, first, builds, sweep.done)
+            sweep.done.add_done_callback(functools.partial(self._sweep_listed, signature, sweep))
+            build_pass.list_later(sweep)
+            return
+        listed = {shape_key(first): builds, **{shape_key(dims): self.builds(bound, dims) for dims in rest}}
+        for dims in combinations:  # queued in the sweep's order
+            self._take(build_pass, signature, dims, listed[shape_key(dims)])
+
+    def _list_shape(self, build_pass: BuildPass, bound: inspect.BoundArguments, signature: Hashable,
+                    dims: Mapping[str, int]) -> None:
+        """List one shape of a sweep left for later, and queue its builds (as the pass that made the sweep)."""
+        self._take(build_pass, signature, dims, self.builds(bound, dims))
+
+    def _take(self, build_pass: BuildPass, signature: Hashable, dims: Mapping[str, int], builds: list[Build],
+              listing: concurrent.futures.Future | None = None) -> None:
+        """Queue one shape's builds in the pass; a serving call at that shape waits for them (and, while its sweep
+        is ``listing``, for any of its shapes)."""
+        futures = build_pass.take(self.name, signature, dims, builds)
+        # A serving call never waits for a serial build (a tuning): the library runs meanwhile without it
+        own = [f for b, f in zip(builds, futures) if not b.serial]
+        if own or listing is not None or signature in self._sweeps:
+            self._note_pending(signature, {shape_key(dims): own}, listing)
+
+    def _sweep_listed(self, signature: Hashable, sweep: Sweep, _: concurrent.futures.Future) -> None:
+        with self._lock:
+            if self._sweeps.get(signature) is sweep:
+                del self._sweeps[signature]
 
     def _warn_beyond_max(self, dims: Mapping[str, int]) -> None:
         """Say once per op that a pass called it beyond a spec's ``max``, which serving was said never to exceed."""
@@ -302,6 +356,11 @@ class _Op:
         """Whether a replay of the op's host code can give its placeholder (``output`` left out)."""
         return False
 
+    @property
+    def replays(self) -> bool:
+        """Whether the op lists by replaying its host code, a replay per swept shape."""
+        return False
+
     def _placeholder(self, bound: inspect.BoundArguments) -> Any:
         output = self.output
         if output is None:
@@ -340,11 +399,14 @@ class _Op:
 
     # -- pending builds ---------------------------------------------------------------------------------------
 
-    def _note_pending(self, signature: Hashable, by_shape: dict[tuple, list[concurrent.futures.Future]]) -> None:
+    def _note_pending(self, signature: Hashable, by_shape: dict[tuple, list[concurrent.futures.Future]],
+                      listing: concurrent.futures.Future | None = None) -> None:
         builder = current_builder()
         if builder is None:
             return
         futures = [f for listed in by_shape.values() for f in listed]
+        if listing is not None:  # pending too, so that calls look for their shape while the sweep lists
+            futures.append(listing)
         with self._lock:
             self.pending.setdefault(signature, []).extend(futures)
             shapes = self._pending_shapes.setdefault(signature, {})
@@ -370,6 +432,7 @@ class _Op:
         self._lock = threading.Lock()  # after a fork the parent's lock may be held by a thread that is gone
         self.pending.clear()  # not a new dict: the op's wrapper reads this one's truth (_wrap)
         self._pending_shapes = {}
+        self._sweeps = {}
 
 
 _TEMPLATES_KEPT = 256  # inferred placeholder templates an op keeps (by full signature) before starting over
@@ -381,6 +444,10 @@ class _ListingOp(_Op):
 
     @property
     def infers_output(self) -> bool:
+        return self.lister is None
+
+    @property
+    def replays(self) -> bool:
         return self.lister is None
 
     def builds(self, bound: inspect.BoundArguments, dims: Mapping[str, int]) -> list[Build]:

@@ -33,6 +33,7 @@ from . import late
 from .build import Build
 from .builder import Builder
 from .default import current_builder, default_builder
+from .sweeps import Sweep, list_later
 
 __all__ = ["BuildPass", "ListedNothing", "active", "build_pass", "current_pass", "listed_nothing", "rehearsal"]
 
@@ -119,6 +120,9 @@ class BuildPass:
     #: whether this pass remembers its own first calls rather than share the enclosing passes' memory: a test's
     #: recorder inside a real pass must see every call, and must not keep the real pass from queueing them
     lists_apart = False
+    #: whether first calls in this pass may leave the rest of a sweep to be listed after its body (:mod:`.sweeps`):
+    #: a recorder lists it all at once, for the test that reads it
+    lists_sweep_later = True
 
     def __init__(self, name: str, join_at_exit: bool) -> None:
         if not isinstance(name, str) or not name:
@@ -134,6 +138,8 @@ class BuildPass:
         self._first: set[tuple[Any, Hashable]] = set()  # first calls made inside this pass (its nested ones too)
         # The outermost pass's: per (op, signature) taken in it or nested passes, whether any build was listed
         self._listed: dict[tuple[str, Hashable], bool] = {}
+        # The outermost pass's: sweeps whose rest is listed at its end, then while they list
+        self._sweeps: list[Sweep] = []
         self._builder: Builder | None = None
         self._token: contextvars.Token[BuildPass | None] | None = None
         self._in_pass_token: contextvars.Token[bool] | None = None
@@ -181,6 +187,22 @@ class BuildPass:
         builder = self._builder
         if builder is not None:
             builder.expedite(futures)
+
+    @property
+    def lists_later(self) -> bool:
+        """Whether the rest of a first call's sweep may be listed after the body of the outermost pass."""
+        root = self.root
+        return root.lists_sweep_later and root.parent is None
+
+    def list_later(self, sweep: Sweep) -> None:
+        """Leave ``sweep`` (shapes of a first call made in this pass) to be listed after the outermost pass's body:
+        at the end of a build pass, before it waits; after a rehearsal, on a background thread."""
+        self.outermost._sweeps.append(sweep)
+
+    def drop_sweeps(self) -> None:
+        """List no more of the sweeps left for after this pass (a start that failed)."""
+        for sweep in self.outermost._sweeps:
+            sweep.drop()
 
     @property
     def outermost(self) -> BuildPass:
@@ -237,6 +259,7 @@ class BuildPass:
         self.futures, self.called, self._seen, self._first, self._builder = [], set(), set(), set(), None
         self._by_shape = {}
         self._listed = {}
+        self._sweeps = []
         self.parent = current_pass()
         self._in_pass_token = _in_pass.set(True)
         self._token = _current.set(self)
@@ -257,12 +280,22 @@ class BuildPass:
             # Its builds are cancelled below: the calls that listed them are first calls again, for a retry in
             # an enclosing pass.
             self.root._seen.difference_update(self._first)
+            for sweep in self.outermost._sweeps:
+                if self.encloses(sweep.owner):
+                    sweep.drop()
             self._cancel(builder, f"raised {exc_type.__name__}")
             return
         if self.parent is not None:
             self.parent._first.update(self._first)
             return
         self._report_listed_nothing()
+        sweeps = [sweep for sweep in self._sweeps if not sweep.done.done()]
+        if self.join_at_exit:  # listed here, while the shapes the body called build
+            for sweep in sweeps:
+                sweep.list_rest()
+            builder = self._builder
+        else:
+            list_later(sweeps)
         if self.join_at_exit and builder is not None and builder is current_builder():
             wanted = set(self.futures)
             try:
@@ -275,10 +308,12 @@ class BuildPass:
         futures = set(self.futures)
         failed = sum(1 for f in futures if f.done() and not f.cancelled() and f.exception() is not None)
         building = sum(1 for f in futures if not f.done())
-        logger.info("buildops: pass %r done in %.2f s (%d build(s) queued%s%s)", self.name,
+        listing = sum(1 for sweep in sweeps if not sweep.done.done())
+        logger.info("buildops: pass %r done in %.2f s (%d build(s) queued%s%s%s)", self.name,
                     time.perf_counter() - self._started, len(futures),
                     f", {failed} failed or given up: their ops compile on first use" if failed else "",
-                    f", {building} still building" if building else "")
+                    f", {building} still building" if building else "",
+                    f", the rest of {listing} sweep(s) listing behind" if listing else "")
 
     def _cancel(self, builder: Builder | None, why: str) -> None:
         """Cancel the queued builds that only this pass and the passes it encloses wanted, and log it."""
