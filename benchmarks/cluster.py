@@ -192,9 +192,11 @@ class DirectoryStore:
     def __init__(self, work: Path) -> None:
         self.root = work / "store"
         self.url = f"file://{self.root}"
+        self.root.mkdir(exist_ok=True)
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+        self.root.mkdir()
 
     def stop(self) -> None:
         self.clear()

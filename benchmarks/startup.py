@@ -164,6 +164,7 @@ def main() -> None:
               ("serial build", "buildops", "e", {"BUILDOPS_THREADS": "1", "BUILDOPS_EXECUTOR": "threads"}, NO_WARM)]
     starts.append(("(c) load after rehearsal", "buildops", "i", None, (*NO_WARM, "--load-after-rehearsal")))
     if args.store:  # a fresh node of a cluster whose store another node filled: its local cache is empty
+        (work / "store").mkdir(exist_ok=True)
         store = {"BUILDOPS_STORE": f"file://{work / 'store'}"}
         starts += [("(c) buildops, storing", "buildops", "s1", store, NO_WARM),
                    ("(s) buildops, warm store", "buildops", "s2", store, NO_WARM)]

@@ -216,7 +216,7 @@ def _store_line(store: dict[str, Any]) -> str:
         return "store: not configured (BUILDOPS_STORE is unset)"
     if not store["reachable"]:
         return f"store: {store['url']}: not reachable: {store['error']}"
-    return f"store: {store['url']}: reachable; {json.dumps(store['stats'], default=str)}"
+    return f"store: {store['url']}: reachable; {_contents(store['stats'])}"
 
 
 def _problems_lines(problems: list[str]) -> list[str]:
@@ -266,8 +266,8 @@ def _prebuild_lines(manifest: str, outcome: PrebuildOutcome, store: dict[str, An
 # -- store ----------------------------------------------------------------------------------------------------------
 
 @subcommand("store", "look into the build store BUILDOPS_STORE names: stats (counts), ls (each artifact), clear "
-            "(remove every artifact and claim of buildops; needs --yes)",
-            argument("action", choices=("stats", "ls", "clear"), help="what to do"),
+            "(remove every artifact and claim of buildops; needs --yes), init (make a file:/// store's directory)",
+            argument("action", choices=("stats", "ls", "clear", "init"), help="what to do"),
             argument("--yes", action="store_true", help="clear: yes, remove everything buildops keeps there"), JSON)
 def _store(args: argparse.Namespace) -> int:
     from .store import StoreError
@@ -276,7 +276,7 @@ def _store(args: argparse.Namespace) -> int:
         raise UsageError("store clear removes every artifact and claim of buildops from the store, for every node: "
                          "add --yes to do it")
     try:
-        with _opened_store() as store:
+        with _opened_store(create=args.action == "init") as store:
             _STORE_ACTIONS[args.action](store, args.json)
     except StoreError as error:
         print(f"buildops: {_scrubbed(error)}", file=sys.stderr)
@@ -285,8 +285,9 @@ def _store(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _opened_store() -> Iterator[BuildStore]:
-    """The store the settings name, closed after; :class:`UsageError` where none is named or the URL is bad."""
+def _opened_store(create: bool = False) -> Iterator[BuildStore]:
+    """The store the settings name (a ``file:///`` store's directory made if ``create``), closed after;
+    :class:`UsageError` where none is named or the URL is bad."""
     from .store import open_store
 
     try:
@@ -297,7 +298,7 @@ def _opened_store() -> Iterator[BuildStore]:
         raise UsageError("no build store configured: set BUILDOPS_STORE to redis://[:PASSWORD@]HOST:PORT/DB, "
                          "rediss://... (TLS) or file:///ABSOLUTE/DIR")
     try:
-        store = open_store(url, settings.store_timeout)
+        store = open_store(url, settings.store_timeout, create)
     except ValueError as error:
         raise UsageError(str(error)) from None
     try:
@@ -337,5 +338,22 @@ def _store_clear(store: BuildStore, as_json: bool) -> None:
         print(f"store {store.where}: removed {removed} artifact(s) and claim(s)")
 
 
+def _contents(stats: dict[str, Any]) -> str:
+    """What a store's ``stats()`` says, in words; an empty store said to be so."""
+    artifacts, size, claims = stats.get("artifacts", 0), stats.get("bytes", 0), stats.get("claims", 0)
+    held = f", {claims} claim(s) held" if claims else ""
+    if not artifacts:
+        return f"empty (no build has stored an artifact there yet){held}"
+    return f"{artifacts} artifact(s), {size / 1e6:.1f} MB{held}"
+
+
+def _store_init(store: BuildStore, as_json: bool) -> None:
+    stats = store.stats()
+    if as_json:
+        _print_json(stats)
+    else:
+        print(f"store {store.where}: ready; {_contents(stats)}")
+
+
 _STORE_ACTIONS: dict[str, Callable[[BuildStore, bool], None]] = {
-    "stats": _store_stats, "ls": _store_ls, "clear": _store_clear}
+    "stats": _store_stats, "ls": _store_ls, "clear": _store_clear, "init": _store_init}

@@ -294,7 +294,7 @@ def doctor_store(capsys):
 
 
 def test_doctor_reports_a_file_store_that_answers(monkeypatch, capsys, tmp_path):
-    store = open_store(f"file://{tmp_path / 'store'}")
+    store = open_store(f"file://{tmp_path / 'store'}", create=True)
     store.put(KEY, pack(KEY, {"kernel.cubin": b"x" * 100}))
     monkeypatch.setenv("BUILDOPS_STORE", store.url)
     status, text, found, problems = doctor_store(capsys)
@@ -302,7 +302,22 @@ def test_doctor_reports_a_file_store_that_answers(monkeypatch, capsys, tmp_path)
     assert (status, problems) == (0, [])
     assert found == {"configured": True, "url": store.url, "reachable": True,
                      "stats": {"store": store.url, "artifacts": 1, "bytes": size, "claims": 0}}
-    assert f"store: {store.url}: reachable; " in text
+    assert f"store: {store.url}: reachable; 1 artifact(s), 0.0 MB" in text
+
+
+def test_doctor_says_a_store_is_empty_and_that_a_missing_directory_is_a_problem(monkeypatch, capsys, tmp_path):
+    (tmp_path / "store").mkdir()
+    monkeypatch.setenv("BUILDOPS_STORE", f"file://{tmp_path / 'store'}")
+    status, text, _, problems = doctor_store(capsys)
+    assert (status, problems) == (0, [])
+    assert "reachable; empty (no build has stored an artifact there yet)" in text
+
+    monkeypatch.setenv("BUILDOPS_STORE", f"file://{tmp_path / 'st-typo'}")
+    status, text, found, problems = doctor_store(capsys)
+    assert status == 1 and found["reachable"] is False
+    assert problems == [f"store file://{tmp_path / 'st-typo'}: {found['error']}"]
+    assert "does not exist" in found["error"] and "buildops store init" in found["error"]
+    assert not (tmp_path / "st-typo").exists()
 
 
 def test_doctor_reports_a_redis_store_that_answers_without_its_password(monkeypatch, capsys, redis_url,

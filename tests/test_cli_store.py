@@ -40,6 +40,7 @@ def filled(url):
 @pytest.fixture(params=["file", "redis"])
 def store_url(request, tmp_path, monkeypatch):
     """BUILDOPS_STORE set to a directory store, or to the real Redis of the test run."""
+    (tmp_path / "store").mkdir()
     url = f"file://{tmp_path / 'store'}" if request.param == "file" else request.getfixturevalue("redis_url")
     monkeypatch.setenv("BUILDOPS_STORE", url)
     return url
@@ -79,6 +80,20 @@ def test_store_without_a_store_configured_names_the_variable(monkeypatch, capsys
         assert (status, out) == (2, "") and err.count("\n") == 1
         assert err.startswith("buildops: error: no build store configured: set BUILDOPS_STORE to redis://"), err
         assert "file:///" in err
+
+
+def test_a_directory_store_that_does_not_exist_is_an_error_until_init_makes_it(monkeypatch, capsys, tmp_path):
+    url = f"file://{tmp_path / 'st-typo'}"
+    monkeypatch.setenv("BUILDOPS_STORE", url)
+    for action in ("stats", "ls", "clear"):
+        status, out, err = run(capsys, "store", action, "--yes")
+        assert (status, out) == (1, "") and err.count("\n") == 1, err
+        assert "does not exist" in err and "buildops store init" in err and "BUILDOPS_STORE" in err
+    assert not (tmp_path / "st-typo").exists()  # a typo never becomes a store of its own
+
+    status, out, _ = run(capsys, "store", "init")
+    assert (status, out) == (0, f"store {url}: ready; empty (no build has stored an artifact there yet)\n")
+    assert run(capsys, "store", "stats", "--json")[0] == 0
 
 
 def test_store_with_a_bad_url_is_a_usage_error_without_its_password(monkeypatch, capsys):
@@ -182,6 +197,7 @@ def test_prebuild_of_a_file_that_is_not_a_manifest_is_exit_2(tmp_path, capsys):
 def test_a_report_saved_with_store_counts_prints_the_store_line(tmp_path, monkeypatch, capsys):
     bt.target()
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "store").mkdir()
     monkeypatch.setenv("BUILDOPS_STORE", f"file://{tmp_path / 'store'}")
     K.rows_kernel.device_caches.clear()
     with settings.scope(executor="threads"), build_pass("warmup"):

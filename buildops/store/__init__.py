@@ -15,10 +15,11 @@ from .interface import BuildStore, Lease, StoreError
 __all__ = ["BuildStore", "Lease", "StoreError", "open_store"]
 
 
-def open_store(url: str, timeout: float = 2.0) -> BuildStore:
+def open_store(url: str, timeout: float = 2.0, create: bool = False) -> BuildStore:
     """The store at ``url``: ``redis://[:PASSWORD@]HOST:PORT/DB`` (``rediss://`` for TLS) or ``file:///DIR``.
-    Requests give up after ``timeout`` seconds. Raises ``ValueError`` for another URL and :class:`StoreError` when
-    the store cannot be used (the Redis client missing)."""
+    Requests give up after ``timeout`` seconds. A ``file:///`` store's directory must exist unless ``create``.
+    Raises ``ValueError`` for another URL and :class:`StoreError` when the store cannot be used (the Redis client
+    missing, a directory that does not exist)."""
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme in ("redis", "rediss"):
         from .redis_store import RedisStore
@@ -27,5 +28,5 @@ def open_store(url: str, timeout: float = 2.0) -> BuildStore:
     if scheme == "file":
         from .file_store import FileStore
 
-        return FileStore(url, timeout)
+        return FileStore(url, timeout, create)
     raise ValueError(f"build store URL {redact_url(url)!r}: expected redis://, rediss:// or file:///")

@@ -23,10 +23,16 @@ __all__ = ["FileStore"]
 
 
 class FileStore(BuildStore):
-    def __init__(self, url: str, timeout: float) -> None:
+    """A store in the directory ``url`` names, which must exist unless ``create`` (``buildops store init``): a typo
+    in ``BUILDOPS_STORE``, or a share not mounted, must not become an empty store of its own on one node."""
+
+    def __init__(self, url: str, timeout: float, create: bool = False) -> None:
         self.url = url
         self.root = Path(url.removeprefix("file://"))
         self._artifacts, self._claims = self.root / "artifacts", self.root / "claims"
+        if not create and not self.root.is_dir():
+            raise StoreError(f"build store {self.where}: the directory {self.root} does not exist; fix "
+                             f"BUILDOPS_STORE, or make the store there once with `buildops store init`")
         try:
             self._artifacts.mkdir(parents=True, exist_ok=True)
             self._claims.mkdir(exist_ok=True)

@@ -23,6 +23,7 @@ def key(name):
 
 @pytest.fixture(params=["file", "redis"])
 def store(request, tmp_path):
+    (tmp_path / "store").mkdir()
     url = f"file://{tmp_path / 'store'}" if request.param == "file" else request.getfixturevalue("redis_url")
     opened = open_store(url, timeout=2.0)
     yield opened

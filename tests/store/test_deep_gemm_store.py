@@ -18,6 +18,7 @@ SHAPES = [GemmShape("dense", 256, 128), GemmShape("masked", 128, 256, 2)]
 
 @pytest.fixture(params=["redis", "file"])
 def store_url(request, tmp_path):
+    (tmp_path / "store").mkdir()
     return request.getfixturevalue("redis_url") if request.param == "redis" else f"file://{tmp_path / 'store'}"
 
 

@@ -20,6 +20,7 @@ from conftest import WAIT, until
 
 @pytest.fixture(params=["redis", "file"])
 def store_url(request, tmp_path):
+    (tmp_path / "store").mkdir()
     return request.getfixturevalue("redis_url") if request.param == "redis" else f"file://{tmp_path / 'store'}"
 
 
@@ -171,6 +172,7 @@ def test_a_store_that_stops_answering_while_claims_are_held_costs_one_timeout(fr
 def test_a_claim_file_that_is_not_a_token_does_not_stop_the_builder(tmp_path):
     node = Node(tmp_path / "a")
     gate = threading.Event()
+    (tmp_path / "store").mkdir()
     url = f"file://{tmp_path / 'store'}"
     builder = node_builder(url)
     first = builder.submit(node.build("k", gate=gate))
