@@ -93,7 +93,7 @@ def runs():
 
 
 def _needs_redis_server():
-    reason = "needs redis-server on PATH: the Debian package redis-server (scripts/env installs it)"
+    reason = "needs redis-server on PATH: the Debian package redis-server (scripts/redis installs it)"
     if shutil.which("redis-server") is None:
         if os.environ.get("CI"):  # CI installs it: a skip there would hide a broken install step
             pytest.fail(reason, pytrace=False)

@@ -98,7 +98,8 @@ def test_a_serving_call_lists_its_own_shape_ahead_of_the_sweep_and_waits_for_its
     out = copy(torch.ones(256, 8))  # serving, while the sweep has not reached 256 rows
     assert out.sum() == 256 * 8
     assert (256, "MainThread") in replays
-    assert states() == [BuildState.BUILT, BuildState.BUILT]  # the called shape's kernel, then the served one's
+    called, served = states()  # the rehearsal's kernel may still build: the call waited for its own only
+    assert served is BuildState.BUILT
     hold[1].set()
     assert buildops.join(timeout=WAIT)
     assert sorted(rows for rows, _ in replays) == sorted(SWEEP)

@@ -52,10 +52,11 @@ def fake_ptxas(tmp_path, on_marked, prefix="buildops-orphan"):
 
 
 def script_env(tmp_path, ptxas, mark, executor, build_timeout):
-    """The environment the script runs in: one build thread of ``executor``, the fake ptxas, a cache of its own."""
+    """The environment the script runs in: one build thread of ``executor``, the fake ptxas, a cache of its own.
+    The fake stands for both of Triton's ptxas: from 3.9 on, sm_90 compiles through ``ptxas-blackwell``."""
     return dict(os.environ, BUILDOPS_EXECUTOR=executor, BUILDOPS_THREADS="1", BUILDOPS_BUILD_TIMEOUT=build_timeout,
-                TRITON_PTXAS_PATH=str(ptxas), ORPHAN_MARK=mark, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
-                PYTHONPATH=os.pathsep.join(sys.path))
+                TRITON_PTXAS_PATH=str(ptxas), TRITON_PTXAS_BLACKWELL_PATH=str(ptxas), ORPHAN_MARK=mark,
+                TRITON_CACHE_DIR=str(tmp_path / "triton-cache"), PYTHONPATH=os.pathsep.join(sys.path))
 
 
 SCRIPT = r"""

@@ -13,6 +13,7 @@ import importlib
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ def start(backend: str = _DEFAULT_BACKEND, arch: int = _DEFAULT_ARCH, warp_size:
     loading LLVM, asking ptxas its version) before any build. A worker forked from a forkserver that ran
     :func:`warm_up_compiler` for this target has them paid and compiles nothing here, so that it takes builds at
     once (docs/decisions/0002-forkserver-preload.md)."""
+    _quiet_notices()
     use_target(backend, arch, warp_size)
     if _warmed_for == _target:
         return
@@ -60,9 +62,17 @@ def use_target(backend: str, arch: int, warp_size: int) -> None:
 def warm_up_compiler() -> None:
     """Pay Triton's one-time costs for the default target (``cuda:90``) in a process that will fork workers."""
     global _warmed_for
+    _quiet_notices()
     use_target(_DEFAULT_BACKEND, _DEFAULT_ARCH, _DEFAULT_WARP_SIZE)
     _compile_a_small_kernel()
     _warmed_for = _target
+
+
+def _quiet_notices() -> None:
+    """Silence, in a worker, the notices Triton gives once per process about the engine's own settings (3.9: that
+    ``TRITON_DEFAULT_FP_FUSION`` is unset): the engine gets its own once, as without buildops; each worker's copy
+    would repeat it once per worker."""
+    warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION is unset", category=UserWarning)
 
 
 def _compile_a_small_kernel() -> None:
