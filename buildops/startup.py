@@ -38,6 +38,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -75,10 +76,10 @@ def start_build_workers() -> bool:
     Workers take seconds to be ready (a forkserver imports torch and Triton, then forks them); without this call
     the first Triton build starts them and waits. This module imports no torch, so an engine can call it first
     thing and the forkserver's imports run beside its own (docs/decisions/0002-forkserver-preload.md). It also
-    builds Triton's CUDA helper module in a short-lived process, and hashes Triton's install on a background thread
-    once the engine has imported torch and Triton, then imports torch's symbolic shapes (and sympy), which a
-    replay's first op on meta tensors needs. Nothing here touches a GPU. The workers run below this process's
-    CPU priority (``BUILDOPS_WORKER_NICE``).
+    builds Triton's CUDA helper module in a short-lived process; on a background thread, once the engine has
+    imported torch and Triton, it imports torch's dynamo (and its symbolic shapes and sympy), which a replay's first
+    op on meta tensors needs, then hashes Triton's install. Nothing here touches a GPU. The workers run below this
+    process's CPU priority (``BUILDOPS_WORKER_NICE``).
 
     No main guard is needed (build workers never import the main module). Call it after setting
     ``TRITON_CACHE_DIR`` if the engine sets it (the helper's process reads it now; if the engine moves the cache
@@ -97,6 +98,9 @@ def start_build_workers() -> bool:
         return False
     from .backends.triton.pool import workers
 
+    # Filled here, on the engine's thread: Python fills it lazily and not atomically, and the background imports
+    # below (torch's dynamo) read it while the engine's own imports (Triton's) may read it too
+    sysconfig.get_config_vars()
     workers.start()  # nothing if they run: buildops.shutdown() stops them, and then this starts them again
     with _prepare_lock:
         if not _prepared:
@@ -115,15 +119,14 @@ def _forget_the_preparation() -> None:
 
 
 def _prepare_builds(utils: subprocess.Popen | None) -> None:
-    # Only once the engine's own imports of torch and Triton are done: two threads importing torch at once can
+    # Each step only once the engine's own import of what it uses is done: two threads importing torch at once can
     # fail (one of them sees a partially initialised module).
     deadline = time.monotonic() + PREPARE_WAIT_SECONDS
-    while not (_imported("torch") and _imported("triton")):
-        if time.monotonic() > deadline:
-            if utils is not None:
-                _stop(utils)
-            return
-        time.sleep(PREPARE_POLL_SECONDS)
+    if not (_wait_for_import("torch", deadline) and _wait_for_import("triton", deadline)):
+        if utils is not None:
+            _stop(utils)
+        return
+    _import_what_replays_need()  # first: a rehearsal may begin at once, and its first op needs it
     # Hashing Triton's install is Python and holds the GIL while the engine makes its model: the short switch
     # interval keeps the engine's GIL-releasing calls from waiting on it (docs/decisions/0004-gil-switch-interval.md).
     try:
@@ -142,13 +145,26 @@ def _prepare_builds(utils: subprocess.Popen | None) -> None:
                 _build_triton_utils()
     except Exception:  # the driver builds it when first used
         logger.debug("buildops: building Triton's CUDA utilities in the background failed", exc_info=True)
-    # Almost any torch op on a meta tensor (a replay's first) imports torch's symbolic shapes, and sympy with them:
-    # seconds of Python, paid here beside the engine's own start rather than at the rehearsal's first op.
+
+
+def _wait_for_import(name: str, deadline: float) -> bool:
+    """Wait until the engine has imported ``name``; False if ``deadline`` (``time.monotonic()``) passed first."""
+    while not _imported(name):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(PREPARE_POLL_SECONDS)
+    return True
+
+
+def _import_what_replays_need() -> None:
+    """Import what a replay's first torch op on meta tensors imports: most of torch's meta kernels are Python
+    references, whose first call imports torch's dynamo, and its symbolic shapes and sympy with it. Seconds of
+    Python, paid here beside the engine's own start rather than by the rehearsal's first op."""
     try:
         with gil.holding():
-            importlib.import_module("torch.fx.experimental.symbolic_shapes")
+            importlib.import_module("torch._dynamo")
     except Exception:  # the replay imports it itself
-        logger.debug("buildops: importing torch's symbolic shapes in the background failed", exc_info=True)
+        logger.debug("buildops: importing torch's dynamo in the background failed", exc_info=True)
 
 
 # The helper's process sees this process's import path (the same Triton, the same buildops), whatever

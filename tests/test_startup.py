@@ -418,7 +418,19 @@ def test_the_preparation_builds_the_helper_module_where_the_helper_did_not(monke
     monkeypatch.setattr(S.importlib, "import_module", imported.append)
     S._prepare_builds(utils=object())  # torch and Triton are imported: it goes straight on
     assert built == ([knobs.cache.dir] if builds_here else [])
-    assert imported == ["torch.fx.experimental.symbolic_shapes"]  # what a replay's first meta op would import
+    assert imported == ["torch._dynamo"]  # what a replay's first meta op would import
+
+
+def test_the_preparation_imports_what_replays_need_before_it_hashes_triton(monkeypatch):
+    import buildops.startup as S
+    done = []
+    monkeypatch.setattr(S.importlib, "import_module", done.append)
+    monkeypatch.setattr(S, "_helper_cache_dir", lambda utils: None)
+    monkeypatch.setattr(S, "_build_triton_utils", lambda: done.append("utils") or 0)
+    import buildops.backends.triton.build as B
+    monkeypatch.setattr(B, "hash_triton_install", lambda: done.append("hash"))
+    S._prepare_builds(utils=object())
+    assert done == ["torch._dynamo", "hash", "utils"]  # a rehearsal's first op needs the first soonest
 
 
 NO_GUARD = r"""

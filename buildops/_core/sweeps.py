@@ -58,6 +58,7 @@ class Sweep:
         self._lock = threading.Lock()
         self.done: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._finished = False
+        self._dropped = False
         self._settle()
 
     def list(self, dims: Mapping[str, int]) -> None:
@@ -87,6 +88,9 @@ class Sweep:
             try:
                 self._run(key, dims)
             except Exception as error:
+                if self._dropped:  # a shutdown, or a start that failed, while it listed: no one wants it
+                    logger.debug("buildops: %s: listing a dropped sweep failed", self.op, exc_info=True)
+                    return
                 logger.warning("buildops: %s: listing its sweep at %s failed (%s: %s); that shape compiles on first "
                                "use", self.op, dict(dims), type(error).__name__, error)
                 logger.debug("buildops: the failed listing of %s", self.op, exc_info=True)
@@ -95,6 +99,7 @@ class Sweep:
         """List no more of it (shapes being listed now finish)."""
         with self._lock:
             self._left.clear()
+            self._dropped = True
         self._settle()
 
     def _run(self, key: Hashable, dims: Mapping[str, int]) -> None:
