@@ -402,6 +402,9 @@ def test_a_given_up_build_is_abandoned_so_a_worker_process_stuck_in_it_stops(cap
     caplog.set_level(logging.INFO, logger="buildops")
     builder = Builder(threads=1)
     try:
+        # The worker started first: the timeout below then runs out while the task is in the worker, however long a
+        # loaded machine takes to start one (it once ran out while the pool still started)
+        assert pool.run("warm", pool_tasks.slow, 0) == 0
         with settings.scope(build_timeout=1.0):
             future = builder.submit(Build("op", "stuck", StuckInAWorker()))
             with pytest.raises(buildops.BuildTimeoutError):

@@ -11,6 +11,7 @@ from ..._core.builder import on_builder_thread
 from ..._core.late import LateCompile, caller, record
 from ..._runtime.forking import forget_in_child
 from ..._runtime.hooks import on_reset
+from .labels import compiled_label
 
 __all__ = ["forget_listed", "listed_by", "note_listed", "watch_late_compiles"]
 
@@ -50,8 +51,10 @@ class _LateCompileHook:
             return result
         fn, compiled = kwargs["fn"], kwargs.get("compile") or {}
         name = f"{fn.module}.{fn.name}"
-        variant = (f"signature={compiled.get('signature')} constants={compiled.get('constants')} "
-                   f"num_warps={compiled.get('num_warps')} num_stages={compiled.get('num_stages')}")
+        jit = getattr(fn, "jit_function", None)
+        variant = compiled_label(fn.name.rpartition(".")[2], getattr(jit, "arg_names", ()), compiled.get("signature"),
+                                 compiled.get("constants"), {"num_warps": compiled.get("num_warps"),
+                                                             "num_stages": compiled.get("num_stages")})
         ops = listed_by(name)
         record(LateCompile("triton", name, variant, ops, caller()), (name, kwargs.get("key")))
         return result

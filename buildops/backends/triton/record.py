@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from triton import knobs
@@ -40,6 +40,7 @@ from .build import WarmupRun
 from .driver import active_driver, compile_only, kernel_name, target
 from .entries import TritonEntries
 from .interpret import InterpretedRun, interpreted, run_patch, twin
+from .labels import launch_label
 from .late import note_listed
 from .patches import building
 from .pending import PendingKernel, active_recording
@@ -82,39 +83,6 @@ def _launch_key(jit: JITFunction, args: tuple, kwargs: dict) -> str:
     return _key_of(*_specialize(jit, args, kwargs))
 
 
-def _label(name: str, params: Sequence[Any], specialization: Sequence[Any], kwargs: dict) -> str:
-    """A short name for one build that tells it from the kernel's other builds: the kernel, then its
-    specialization in parameter order, then the launch's other options as passed, e.g.
-    ``_matmul_kernel[fp16, M=1, N%16=0, K%16=0, BLOCK_M=16, warps=4, stages=4]``.
-
-    Pointers: their dtype, once where all share it, and ``x_ptr unaligned`` where not 16-byte aligned. Ints: ``n=1``
-    (compiled as a constant), ``n%16=0`` (a multiple of 16), nothing for another int32; other scalar types by name
-    (``eps:fp32``, ``flag:u1``, ``n:i64``). Constexprs: ``NAME=value``. Options: ``num_`` left out of the name.
-    """
-    entries = [(param, entry) for param, entry in zip(params, specialization)
-               if isinstance(entry, tuple) and len(entry) == 2]
-    pointers = [ty for _, (ty, _) in entries if isinstance(ty, str) and ty.startswith("*")]
-    shared = pointers[0][1:] if pointers and all(ty == pointers[0] for ty in pointers) else None
-    parts = [shared] if shared else []
-    for param, (ty, spec) in entries:
-        name_ = param.name
-        if ty == "constexpr":
-            parts.append(f"{name_}={spec!r}" if isinstance(spec, str) else f"{name_}={spec}")
-        elif isinstance(ty, str) and ty.startswith("*"):
-            if shared is None:
-                parts.append(f"{name_}:{ty[1:]}")
-            if spec != "D" and not getattr(param, "do_not_specialize_on_alignment", False):
-                parts.append(f"{name_} unaligned")
-        elif ty == "i32":
-            if spec == "D":
-                parts.append(f"{name_}%16=0")
-        else:
-            parts.append(f"{name_}:{ty}{'%16=0' if spec == 'D' else ''}")
-    names = {param.name for param in params}
-    parts += [f"{k.removeprefix('num_')}={v}" for k, v in kwargs.items() if k not in names]
-    return f"{name}[{', '.join(parts)}]" if parts else name
-
-
 class _Recording:
     def __init__(self, op: str) -> None:
         self.op = op
@@ -129,7 +97,7 @@ class _Recording:
         # An interpreted kernel specializes through its twin: a JITFunction over the same function, never compiled
         binder = twin(jit) if interpreted(jit) else jit
         specialization, options = _specialize(binder, stand_ins, kwargs)
-        label = _label(jit.fn.__name__, binder.params, specialization, kwargs)
+        label = launch_label(jit.fn.__name__, binder.params, specialization, kwargs)
         note_listed(kernel_name(binder), self.op)
         launch = _key_of(specialization, options)
         if binder is not jit:
