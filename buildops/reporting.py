@@ -24,6 +24,7 @@ from ._core.passes import ListedNothing, listed_nothing
 from ._core.sharing import StoreCounts
 from ._runtime.files import write_atomically
 from .manifests import manifest_entries
+from .startup import ready_time
 
 __all__ = ["Coverage", "ListedNothing", "OpReport", "Report", "format_report", "load_report", "report"]
 
@@ -127,6 +128,17 @@ class Report:
     builds: tuple[BuildRecord, ...] = ()  # every build submitted, in order
     listed_nothing: tuple[ListedNothing, ...] = ()  # ops whose first calls in a pass listed no build
     store: StoreCounts | None = None
+    ready: float | None = None  # buildops.startup.ready_time() when the report was made
+
+    def tunings(self) -> dict[str, int | None]:
+        """The tunings buildops built (serial builds, apart from compiles): ``built``, and of those
+        ``before_ready`` and ``after_ready`` (behind serving) where a start was ready
+        (:func:`buildops.startup.rehearse_then_load`), else None; late tunings are in :attr:`late`."""
+        done = [(r.started + r.seconds) for r in self.builds
+                if r.build.serial and r.state is BuildState.BUILT and r.started is not None]
+        before = None if self.ready is None else sum(end <= self.ready for end in done)
+        return {"built": len(done), "before_ready": before,
+                "after_ready": None if before is None else len(done) - before}
 
     def coverage(self) -> dict[str, Coverage]:
         """Per library: a :class:`Coverage`, which compares as ``(kernels prebuilt, kernels compiled late)`` and
@@ -179,6 +191,7 @@ class Report:
           "elsewhere"}``, ``skipped`` and ``elsewhere`` mapping a reason or place to a count (:class:`Coverage`);
         * ``late``: ``{"library", "kernel", "variant", "ops", "where", "kind"}`` each (:class:`LateCompile`);
         * ``listed_nothing``: ``{"op", "pass_name", "signatures"}`` each (:class:`ListedNothing`);
+        * ``tunings``: ``{"built", "before_ready", "after_ready"}`` (:meth:`tunings`);
         * ``store``: the :class:`~buildops._core.sharing.StoreCounts` fields (``store``, ``fetched``,
           ``fetched_bytes``, ``fetch_seconds``, ``stored``, ``stored_bytes``, ``known_locally``,
           ``waited_for_others``, ``built_after_others``, ``bad``, ``failed``), or null without a build store;
@@ -201,6 +214,7 @@ class Report:
             "coverage": {library: coverage.to_dict() for library, coverage in self.coverage().items()},
             "late": [{**asdict(late), "ops": list(late.ops)} for late in self.late],
             "listed_nothing": [asdict(entry) for entry in self.listed_nothing],
+            "tunings": self.tunings(),
             "store": None if self.store is None else asdict(self.store),
             **({"manifest": manifest_entries()} if manifest else {}),
         }
@@ -248,7 +262,7 @@ def report() -> Report:
             prebuilt[build.library] = prebuilt.get(build.library, 0) + 1
     ops = tuple(OpReport(op, s.listed, s.shared, s.built, s.failed, s.cancelled, pending.get(op, 0),
                          s.build_seconds, s.wait_seconds) for op, s in sorted(stats.items()))
-    return Report(ops, tuple(failures), prebuilt, late, tuple(history), nothing, builder.store_counts())
+    return Report(ops, tuple(failures), prebuilt, late, tuple(history), nothing, builder.store_counts(), ready_time())
 
 
 def format_report(data: Mapping[str, Any]) -> str:
@@ -263,6 +277,7 @@ def format_report(data: Mapping[str, Any]) -> str:
     for late in data["late"]:
         if late.get("kind") == "tuning":
             tunings[late["library"]] = tunings.get(late["library"], 0) + 1
+    out += _tunings_lines(data.get("tunings"))
     out += [f"{library}: {n} tuning(s) late (keys no pass listed; serving ran the nearest key's config meanwhile)"
             for library, n in sorted(tunings.items())]
     out += [LateCompile(**{**late, "ops": tuple(late["ops"])}).describe() for late in data["late"]]
@@ -270,6 +285,16 @@ def format_report(data: Mapping[str, Any]) -> str:
     if data.get("store") is not None:
         out.append(describe_store(data["store"]))
     return "\n".join(out)
+
+
+def _tunings_lines(tunings: Mapping[str, Any] | None) -> list[str]:
+    """The report's line of the tunings built, none where there were none."""
+    if not tunings or not tunings["built"]:
+        return []
+    if tunings["before_ready"] is None:
+        return [f"tunings: {tunings['built']} built"]
+    return [f"tunings: {tunings['built']} built, {tunings['before_ready']} before ready and "
+            f"{tunings['after_ready']} after it (behind serving)"]
 
 
 def describe_store(counts: Mapping[str, Any]) -> str:
@@ -368,10 +393,24 @@ def _checked(data: object) -> dict[str, Any]:
     checked = {"format": FORMAT, "version": VERSION, "buildops": _field(data, "buildops", str),
                "ops": entries["ops"], "totals": _entry(_field(data, "totals", dict), _COUNTS, "totals"),
                "failures": entries["failures"], "coverage": coverage, "late": entries["late"],
-               "listed_nothing": entries["listed_nothing"], "store": _checked_store(data.get("store"))}
+               "listed_nothing": entries["listed_nothing"], "store": _checked_store(data.get("store")),
+               "tunings": _checked_tunings(data.get("tunings"))}
     if "manifest" in data:
         checked["manifest"] = _checked_manifest(_field(data, "manifest", list))
     return checked
+
+
+def _checked_tunings(tunings: object) -> dict[str, int | None] | None:
+    """A report's tunings (null in a report saved before they were counted)."""
+    if tunings is None:
+        return None
+    if not isinstance(tunings, dict) or not isinstance(tunings.get("built"), int) or any(
+            tunings.get(key) is not None and not isinstance(tunings.get(key), int)
+            for key in ("before_ready", "after_ready")):
+        raise ValueError(f"'tunings' is {tunings!r}, not {{\"built\": int, \"before_ready\": int or null, "
+                         f"\"after_ready\": int or null}}")
+    return {"built": tunings["built"], "before_ready": tunings.get("before_ready"),
+            "after_ready": tunings.get("after_ready")}
 
 
 def _checked_manifest(entries: list[Any]) -> list[dict[str, Any]]:

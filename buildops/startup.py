@@ -51,7 +51,7 @@ from ._core.watchdog import stuck_gpu_builds
 from ._runtime import gil
 from ._runtime.forking import forget_in_child
 
-__all__ = ["phase", "phases", "rehearse_then_load", "start_build_workers"]
+__all__ = ["phase", "phases", "ready_time", "rehearse_then_load", "start_build_workers"]
 
 logger = logging.getLogger("buildops")
 T = TypeVar("T")
@@ -336,6 +336,7 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
         loaded = _rehearse_and_load(rehearsing, rehearse, load, name, overlap)
         with phase(f"{name}: wait until ready"):
             _wait_for_ready_builds(rehearsing, ready)
+        _mark_ready()
         if warm is not None:
             with phase(f"{name}: warm"):
                 warm()
@@ -354,6 +355,20 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
     if freeze_heap:
         gc.freeze()
     return loaded
+
+
+_ready_at: float | None = None
+
+
+def _mark_ready() -> None:
+    global _ready_at
+    _ready_at = time.perf_counter()
+
+
+def ready_time() -> float | None:
+    """The ``time.perf_counter()`` at which the last :func:`rehearse_then_load` of this process was ready to serve
+    (what reports split tunings by), or None before one was."""
+    return _ready_at
 
 
 def _cancel_rehearsal(rehearsing: BuildPass, error: BaseException) -> None:

@@ -116,6 +116,30 @@ def test_late_compiles_and_coverage_round_trip():
     assert late.describe() in rep.format()
 
 
+def test_tunings_are_counted_apart_from_compiles_before_and_after_ready(tmp_path):
+    from buildops._core.build import BuildRecord, BuildState
+
+    def tuning(name, ended):
+        return BuildRecord(Build("mm", name, lambda: None, serial=True), BuildState.BUILT, 1.0, 0.0, ended - 1.0,
+                           None)
+
+    compile_ = BuildRecord(Build("mm", "compile", lambda: None, library="lib"), BuildState.BUILT, 1.0, 0.0, 0.0, None)
+    builds = (compile_, tuning("a", 5.0), tuning("b", 9.0), tuning("c", 11.0))
+    rep = Report((), (), {"lib": 1}, builds=builds, ready=10.0)
+    assert rep.tunings() == {"built": 3, "before_ready": 2, "after_ready": 1}
+    assert "tunings: 3 built, 2 before ready and 1 after it (behind serving)" in rep.format()
+    assert Report((), (), builds=builds).tunings() == {"built": 3, "before_ready": None, "after_ready": None}
+    assert "tunings: 3 built\n" in Report((), (), builds=builds).format() + "\n"
+    assert "tunings" not in Report((), ()).format()
+    path = tmp_path / "report.json"
+    rep.save(path)
+    assert load_report(path)["tunings"] == rep.tunings()
+    saved = json.loads(path.read_text())
+    del saved["tunings"]  # a report saved before tunings were counted
+    path.write_text(json.dumps(saved))
+    assert load_report(path)["tunings"] is None
+
+
 def test_save_replaces_the_file_whole_and_leaves_nothing_beside_it(tmp_path):
     path = tmp_path / "report.json"
     path.write_text("an older report")

@@ -462,3 +462,12 @@ def test_a_stuck_gpu_build_does_not_fail_the_start(runs, caplog):
         finally:
             gate.set()
     assert "given up as timed out still run" in caplog.text
+
+
+def test_a_start_marks_when_it_was_ready_for_reports_to_split_tunings_by():
+    import time
+
+    import buildops.startup as S
+    before = time.perf_counter()
+    S.rehearse_then_load(lambda: None, lambda: None)
+    assert S.ready_time() is not None and before <= S.ready_time() <= time.perf_counter()
