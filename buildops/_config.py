@@ -208,8 +208,13 @@ class _StoreUrl(Setting[str]):
         if not value:
             return ""
         parsed = urllib.parse.urlsplit(value)
-        if parsed.scheme in ("redis", "rediss"):
-            return value if parsed.hostname else None
+        if parsed.scheme in ("redis", "rediss"):  # parsed whole: a bad port or database fails here, not at a build
+            try:
+                parsed.port  # noqa: B018 - reading it raises for a port that is not a number in range
+            except ValueError:
+                return None
+            database = parsed.path.removeprefix("/")
+            return value if parsed.hostname and (not database or database.isdigit()) else None
         if parsed.scheme == "file":
             return value if not parsed.netloc and parsed.path.startswith("/") and parsed.path != "/" else None
         return None
@@ -435,5 +440,5 @@ def read_or_default(setting: Setting[T]) -> T:
         default = setting.default()
         marker = object()
         if _logged.setdefault((setting.env, os.environ.get(setting.env, "")), marker) is marker:
-            logger.warning("buildops: %s; using the default, %s", error, _as_env(default))
+            logger.warning("buildops: %s; using the default, %s", error, _as_env(default) or "unset")
         return default

@@ -237,6 +237,10 @@ def _prebuild(args: argparse.Namespace) -> int:
     from .manifests import prebuild
 
     try:
+        settings.store  # noqa: B018 - a bad BUILDOPS_STORE is a usage error here, as for `buildops store`
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    try:
         outcome = prebuild(args.manifest)
     except ValueError as error:  # load_manifest's message names the file
         raise UsageError(str(error)) from None

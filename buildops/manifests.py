@@ -17,7 +17,7 @@ from typing import Any
 
 from ._core.build import Build, BuildState
 from ._core.default import current_builder, default_builder
-from ._runtime.files import write_atomically
+from ._runtime.files import read_json, write_atomically
 
 __all__ = ["PrebuildOutcome", "load_manifest", "prebuild", "save_manifest"]
 
@@ -66,9 +66,9 @@ def save_manifest(path: str | os.PathLike[str]) -> Path:
 def load_manifest(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The entries of the manifest at ``path``; ``ValueError`` naming the file if it is not one."""
     try:
-        document = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{path}: not a readable buildops manifest ({error})") from None
+        document = read_json(path, "buildops manifest")
+    except OSError as error:
+        raise ValueError(f"{path}: not a readable buildops manifest ({error.strerror or error})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError(f"{path}: not a buildops manifest (no \"format\": \"{FORMAT}\")")
     if document.get("version") != VERSION:

@@ -22,7 +22,7 @@ from ._core.default import current_builder
 from ._core.late import LateCompile, late_compiles
 from ._core.passes import ListedNothing, listed_nothing
 from ._core.sharing import StoreCounts
-from ._runtime.files import write_atomically
+from ._runtime.files import read_json, write_atomically
 from .manifests import manifest_entries
 from .startup import ready_time
 
@@ -363,11 +363,7 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
         ValueError: the file is not JSON, not a buildops report, of another version, or lacks a key or has one of
             the wrong type; the message names the file and what is wrong.
     """
-    text = Path(path).read_text(encoding="utf-8")
-    try:
-        data = json.loads(text)
-    except ValueError as error:
-        raise ValueError(f"{path}: not a buildops report: not JSON ({error})") from None
+    data = read_json(path, "buildops report")
     try:
         return _checked(data)
     except ValueError as error:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
 
-__all__ = ["write_atomically"]
+__all__ = ["MAX_JSON_BYTES", "read_json", "write_atomically"]
+
+# The most a report or manifest that buildops reads may hold (a manifest holds kernels' source: megabytes)
+MAX_JSON_BYTES = 256 * 2**20
 
 
 def write_atomically(path: Path, data: bytes | str, mode: int | None = None) -> None:
@@ -30,3 +34,23 @@ def write_atomically(path: Path, data: bytes | str, mode: int | None = None) -> 
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> object:
+    """The JSON document in the file at ``path``, a ``what`` (``"buildops report"``): ``ValueError`` naming the
+    file and what is wrong where it is larger than :data:`MAX_JSON_BYTES`, not UTF-8, not JSON, or nested deeper
+    than Python's recursion allows; ``OSError`` where it cannot be read."""
+    size = os.stat(path).st_size
+    if size > MAX_JSON_BYTES:
+        raise ValueError(f"{path}: not a {what}: {size} bytes, more than the {MAX_JSON_BYTES} one may hold")
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not a {what}: not UTF-8 text (byte {error.start})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{path}: not a {what}: its JSON is nested too deep") from None
+    except ValueError as error:
+        raise ValueError(f"{path}: not a {what}: not JSON ({error})") from None

@@ -29,6 +29,8 @@ LATE_READ = [
     ("BUILDOPS_TRITON_TARGET", "sm90"),
     ("BUILDOPS_NODE_LOCKS", "locks"),
     ("BUILDOPS_STORE", "http://cache:6379"),
+    ("BUILDOPS_STORE", "redis://cache:notaport/0"),  # parsed whole: the port, and the database below
+    ("BUILDOPS_STORE", "redis://cache:6379/first"),
     ("BUILDOPS_STORE_TIMEOUT", "0"),
     ("BUILDOPS_STORE_LEASE", "inf"),
 ]
@@ -106,3 +108,13 @@ def test_a_bad_wait_setting_in_serving_waits_with_the_default(runs, monkeypatch,
     assert caplog.text.count("BUILDOPS_PROGRESS_AFTER='1s'") == 1
     assert "BUILDOPS_PROGRESS_AFTER='1s': expected a number of seconds >= 0; using the default, 1.0" in caplog.text
     assert "waiting for its builds failed" not in caplog.text
+
+
+def test_a_bad_store_read_where_it_cannot_raise_names_what_it_uses_instead(monkeypatch, caplog):
+    from buildops._config import read_or_default, settings
+
+    monkeypatch.setenv("BUILDOPS_STORE", "redis://cache:6379/first")
+    with caplog.at_level(logging.WARNING, logger="buildops"):
+        assert read_or_default(type(settings).store) == ""
+    [warning] = [r.getMessage() for r in caplog.records if "BUILDOPS_STORE" in r.getMessage()]
+    assert warning.endswith("; using the default, unset"), warning
