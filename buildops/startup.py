@@ -38,7 +38,6 @@ import os
 import signal
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -99,7 +98,10 @@ def start_build_workers() -> bool:
     from .backends.triton.pool import workers
 
     # Filled here, on the engine's thread: Python fills it lazily and not atomically, and the background imports
-    # below (torch's dynamo) read it while the engine's own imports (Triton's) may read it too
+    # below (torch's dynamo) read it while the engine's own imports (Triton's) may read it too. Imported here: its
+    # import reads the environment, which importing buildops must not.
+    import sysconfig
+
     sysconfig.get_config_vars()
     workers.start()  # nothing if they run: buildops.shutdown() stops them, and then this starts them again
     with _prepare_lock:
