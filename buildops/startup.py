@@ -95,13 +95,12 @@ def start_build_workers() -> bool:
     settings.validate()  # every setting: a bad value raises here, at the engine's call, not in a build or serving
     if importlib.util.find_spec("triton") is None or triton_executor() != "processes":
         return False
+    import sysconfig  # here: its import reads the environment, which importing buildops must not
+
     from .backends.triton.pool import workers
 
     # Filled here, on the engine's thread: Python fills it lazily and not atomically, and the background imports
-    # below (torch's dynamo) read it while the engine's own imports (Triton's) may read it too. Imported here: its
-    # import reads the environment, which importing buildops must not.
-    import sysconfig
-
+    # below (torch's dynamo) read it while the engine's own imports (Triton's) may read it too
     sysconfig.get_config_vars()
     workers.start()  # nothing if they run: buildops.shutdown() stops them, and then this starts them again
     with _prepare_lock:

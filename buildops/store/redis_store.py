@@ -7,7 +7,9 @@ first in one Lua script, so a node whose lease lapsed never extends or deletes a
 
 from __future__ import annotations
 
+import concurrent.futures
 import secrets
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +28,7 @@ _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del
 class RedisStore(BuildStore):
     def __init__(self, url: str, timeout: float) -> None:
         self.url = url
+        self._timeout = timeout
         try:
             import redis
         except ImportError:
@@ -43,8 +46,18 @@ class RedisStore(BuildStore):
         self._release = self._client.register_script(_RELEASE)
 
     def _call(self, what: str, request: Any, *args: Any) -> Any:
+        """One request, bounded as a whole by the store's timeout: the client's socket timeout bounds each read
+        only, and a link that passes a few bytes a second never trips it. The request runs on a thread of its
+        own; past the deadline the client's connections are closed (which ends it) and the caller gets a
+        :class:`StoreError` saying so."""
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        threading.Thread(target=_run, args=(done, request, args), name="buildops-store-request", daemon=True).start()
         try:
-            return request(*args)
+            return done.result(timeout=self._timeout)
+        except concurrent.futures.TimeoutError:
+            self._client.connection_pool.disconnect()
+            raise StoreError(f"build store {self.where}: {what} took longer than BUILDOPS_STORE_TIMEOUT "
+                             f"({self._timeout:g} s)") from None
         except self._errors as error:
             raise StoreError(f"build store {self.where}: {what} failed: {type(error).__name__}: {error}") from None
 
@@ -80,6 +93,13 @@ class RedisStore(BuildStore):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _run(done: concurrent.futures.Future[Any], request: Any, args: tuple[Any, ...]) -> None:
+    try:
+        done.set_result(request(*args))
+    except BaseException as error:  # noqa: BLE001 - the caller's to raise, as if it had made the request itself
+        done.set_exception(error)
 
 
 def _sizes(client: Any, names: list[bytes]) -> list[int]:

@@ -1,0 +1,104 @@
+"""A build store behind a slow link (issue 33, item 3): each request to it is bounded by BUILDOPS_STORE_TIMEOUT as a
+whole, not per read. Redis behind a link passing 1 KiB/s once took ~25 s per fetch with a 2 s timeout, and the
+store was never turned off."""
+
+import hashlib
+import logging
+import socket
+import threading
+import time
+
+import pytest
+
+from buildops import settings
+from buildops._core.builder import Builder
+from buildops.store import StoreError, open_store
+
+from artifacts_for_tests import Node
+from conftest import WAIT
+
+RATE = 1024  # bytes a second, each way
+
+
+class SlowLink:
+    """A TCP proxy on loopback in front of ``port`` that passes ``RATE`` bytes a second each way."""
+
+    def __init__(self, port):
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self.sockets += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pass, args=(source, sink), daemon=True).start()
+
+    def _pass(self, source, sink):
+        try:
+            while data := source.recv(64):
+                sink.sendall(data)
+                time.sleep(len(data) / RATE)
+        except OSError:
+            pass
+
+    def close(self):
+        self.listener.close()
+        for sock in self.sockets:
+            sock.close()
+
+
+@pytest.fixture
+def slow_link(redis_server):
+    link = SlowLink(redis_server.port)
+    yield link
+    link.close()
+
+
+def test_a_fetch_over_a_slow_link_ends_at_the_store_timeout(redis_url, redis_server, slow_link):
+    key = hashlib.sha256(b"big").hexdigest()
+    fast = open_store(redis_url)  # the artifact stored over loopback: 200 KB, 200 s through the link
+    fast.put(key, b"x" * 200_000)
+    fast.close()
+    slow = open_store(redis_url.replace(f":{redis_server.port}/", f":{slow_link.port}/"), timeout=1.0)
+    outcome = {}
+
+    def fetch():
+        start = time.monotonic()
+        try:
+            slow.get(key)
+        except StoreError as error:
+            outcome["error"] = error
+        outcome["seconds"] = time.monotonic() - start
+
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    thread.join(WAIT)
+    assert not thread.is_alive(), "the fetch outlasted its timeout tenfold"
+    assert outcome["seconds"] < 3.0
+    assert "BUILDOPS_STORE_TIMEOUT" in str(outcome["error"])
+    slow.close()
+
+
+def test_a_node_behind_a_slow_link_builds_locally_and_leaves_the_store_alone(redis_url, redis_server, slow_link,
+                                                                              tmp_path, caplog):
+    slow_url = redis_url.replace(f":{redis_server.port}/", f":{slow_link.port}/")
+    node = Node(tmp_path / "a")
+    with settings.scope(store=slow_url, store_timeout=1.0):
+        builder = Builder(threads=2)
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="buildops"):
+        futures = [builder.submit(node.build(f"k{i}")) for i in range(4)]
+        assert builder.join(timeout=WAIT)
+    assert time.monotonic() - start < 1.0 * 3 + 2, "the slow store cost more than its timeout"
+    assert all(f.exception() is None for f in futures) and sorted(node.compiles) == [f"k{i}" for i in range(4)]
+    assert builder.store_counts().failed is not None and "BUILDOPS_STORE_TIMEOUT" in builder.store_counts().failed
+    assert len([r for r in caplog.records if "without the store" in r.getMessage()]) == 1
+    builder.shutdown()
