@@ -184,6 +184,23 @@ def test_prebuild_refuses_an_entry_whose_identity_was_edited(manifest, tmp_path,
     assert status == 1 and [entry[0] for entry in found["refused"]] == [label] and found["store"] is None
 
 
+def test_prebuild_refuses_to_build_a_kernel_whose_file_changed_since_the_manifest(manifest, tmp_path, capsys):
+    document = json.loads(manifest.read_text())
+    entry = document["entries"][0]
+    here = K.rows_kernel.cache_key
+    assert entry["cache_key"] == here  # the source hash of the kernel the pass listed
+    entry["kernel"] = {"import": ["triton_kernels", "rows_kernel"]}  # as a kernel that travels by name
+    entry["cache_key"] = "f" * 64  # saved where its file held other source
+    edited = tmp_path / "changed.json"
+    edited.write_text(json.dumps(document))
+
+    status, out, _ = run(capsys, "prebuild", str(edited))
+    assert status == 1
+    [failed] = [line for line in out.splitlines() if line.startswith("failed: ")]
+    assert "its file changed since" in failed and here[:16] in failed and "f" * 16 in failed, failed
+    assert out.splitlines()[0].startswith(f"{edited}: 0 compiled, 2 cached, 0 fetched from the store, 1 failed")
+
+
 def test_prebuild_of_a_file_that_is_not_a_manifest_is_exit_2(tmp_path, capsys):
     path = tmp_path / "m.json"
     path.write_text('{"format": "something-else"}')

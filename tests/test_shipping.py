@@ -114,3 +114,22 @@ def test_a_kernel_that_cannot_travel_says_why():
     assert "constexpr" in reason and "travels only by import" in reason
     reason = describe(reads_a_user_module_whole)
     assert isinstance(reason, str) and "the module shipping_kernels itself" in reason
+
+
+def test_a_kernel_imported_by_name_with_other_source_than_listed_compiles_nothing(tmp_path, monkeypatch):
+    """A worker that imports a kernel whose file changed since the parent (or a manifest's machine) read it finds
+    another source hash, and refuses before compiling: the artifact would be filed under the listed kernel's key."""
+    import torch
+
+    from buildops.backends.triton import target, worker
+
+    target()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # what a worker sets: restored after the test
+    x = torch.zeros(64)
+    with pytest.raises(KeyMismatch, match="its file changed since") as raised:
+        worker.compile_variant("triton_kernels", "add_kernel", (x, x, x, 64), {"BLOCK": 64}, str(tmp_path),
+                               ("cuda", 90, 32), expected_key="0" * 64)
+    assert K.add_kernel.cache_key[:16] in str(raised.value) and "0" * 16 in str(raised.value)
+    assert not any(tmp_path.iterdir())  # nothing compiled into the cache
+    assert worker.compile_variant("triton_kernels", "add_kernel", (x, x, x, 64), {"BLOCK": 64}, str(tmp_path),
+                                  ("cuda", 90, 32), expected_key=K.add_kernel.cache_key) is True

@@ -25,7 +25,7 @@ from . import entries, worker
 from .driver import compile_only, inner_jit, kernel_name
 from .patches import building
 from .pool import workers
-from .shipping import ShippedKernel, describe
+from .shipping import KeyMismatch, ShippedKernel, describe
 
 __all__ = ["LAUNCHER_WAIT_SECONDS", "WarmupRun", "hash_triton_install"]
 
@@ -102,7 +102,8 @@ class WarmupRun:
         reference = importable_reference(self.jit)
         if reference is None:
             return None, f"this process ({shipped}; nor can a worker import it)"
-        compiled = compile_in_process(reference, self.args, self.kwargs, self.target, self.given_up)
+        compiled = compile_in_process(reference, self.args, self.kwargs, self.target, self.given_up,
+                                      self.jit.cache_key)
         if compiled is None:
             return None, f"this process ({shipped}; nor could a worker import it)"
         return compiled, f"a worker that imported {reference[0]} ({shipped})"
@@ -220,18 +221,22 @@ def importable_reference(jit: JITFunction) -> tuple[str, str] | None:
 
 
 def compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict, the_target: GPUTarget,
-                       given_up: threading.Event | None = None) -> bool | None:
-    """Compile in a worker process (crashes: see ``WorkerPool.run``); a kernel the worker cannot import is left to
-    the calling thread's own warmup. Returns whether the worker compiled (False: it found the variant cached),
-    or None where it did not say or could not import the kernel."""
+                       given_up: threading.Event | None = None, expected_key: str | None = None) -> bool | None:
+    """Compile in a worker process (crashes: see ``WorkerPool.run``); a kernel the worker cannot import, or imports
+    with other source than ``expected_key`` says this process runs, is left to the calling thread's own warmup.
+    Returns whether the worker compiled (False: it found the variant cached), or None where it did not say or
+    did not compile it."""
     module, qualname = reference
     try:
         compiled = workers.run(f"{module}.{qualname}", worker.compile_variant, module, qualname, args, kwargs,
                                knobs.cache.dir, (the_target.backend, the_target.arch, the_target.warp_size),
-                               given_up=given_up)
+                               expected_key, given_up=given_up)
     except (ImportError, AttributeError):
         logger.debug("buildops: worker cannot import %s.%s; building it in a thread", module, qualname,
                      exc_info=True)
+        return None
+    except KeyMismatch as mismatch:  # the file changed after this process imported it: build what this one runs
+        logger.warning("buildops: %s; built in this process, from the source it runs", mismatch)
         return None
     return compiled if isinstance(compiled, bool) else None
 

@@ -64,16 +64,19 @@ def entry(build: Build) -> dict[str, Any] | str:
         launch = _encode((run.args, run.kwargs))
     except Exception as error:  # noqa: BLE001 - whatever stops them pickling
         return f"its launch's arguments do not pickle ({type(error).__name__})"
+    # cache_key: the kernel's source hash, which a kernel imported by name on the prebuilding machine must match
     return {"library": "triton", "op": build.op, "label": build.label, "key": repr(build.key),
             "target": list(artifact.target), "identity": artifact.identity(), "versions": _versions(),
-            "kernel": kernel, "launch": launch}
+            "kernel": kernel, "cache_key": run.jit.cache_key, "launch": launch}
 
 
 class PrebuildRun:
     """A manifest entry's run (the ``Build`` contract): compile in a worker process, never load."""
 
-    def __init__(self, label: str, kernel: Any, args: tuple, kwargs: dict, target: tuple[str, int, int]) -> None:
+    def __init__(self, label: str, kernel: Any, args: tuple, kwargs: dict, target: tuple[str, int, int],
+                 expected_key: str | None = None) -> None:
         self.label, self.kernel, self.args, self.kwargs, self.target = label, kernel, args, kwargs, target
+        self.expected_key = expected_key  # the kernel's source hash where the manifest was saved
         self.cached: bool | None = None
         self.entries: set[str] = set()
 
@@ -81,7 +84,7 @@ class PrebuildRun:
         from triton import knobs
 
         compiled, used = workers.run(self.label, prebuild, self.kernel, self.args, self.kwargs, knobs.cache.dir,
-                                     self.target)
+                                     self.target, self.expected_key)
         self.cached = None if compiled is None else not compiled
         self.entries = set(used)
 
@@ -99,7 +102,8 @@ def prebuild_build(item: dict[str, Any]) -> Build | str:
     kernel = item["kernel"]
     shipped = tuple(kernel["import"]) if "import" in kernel else _decode(kernel["source"])
     args, kwargs = _decode(item["launch"])
-    run = PrebuildRun(item.get("label", ""), shipped, args, kwargs, target)  # type: ignore[arg-type]
+    run = PrebuildRun(item.get("label", ""), shipped, args, kwargs, target,  # type: ignore[arg-type]
+                      item.get("cache_key"))
     artifact.run = run
     return Build(item.get("op", "prebuild"), artifact.key, run, label=item.get("label", ""), library="triton",
                  artifact=artifact)

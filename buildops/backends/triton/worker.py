@@ -120,13 +120,20 @@ def resolve(module: str, qualname: str) -> Any:
 
 
 def compile_variant(module: str, qualname: str, args: tuple, kwargs: dict, cache_dir: str,
-                    target: tuple[str, int, int]) -> bool | None:
+                    target: tuple[str, int, int], expected_key: str | None = None) -> bool | None:
     """Compile one variant of the kernel ``module.qualname`` (imported here) for ``target`` (backend, arch, warp
     size) into ``cache_dir``. Returns whether it compiled: False where the variant was in Triton's cache already
-    (on disk, or in this worker's memory), None where Triton does not say. The parent then loads it from disk."""
+    (on disk, or in this worker's memory), None where Triton does not say. The parent then loads it from disk.
+    Raises ``shipping.KeyMismatch``, compiling nothing, where the kernel imported here hashes otherwise than
+    ``expected_key`` (its file changed since the parent, or the manifest, read it)."""
     from .driver import inner_jit
+    from .shipping import KeyMismatch
 
-    return _compile(inner_jit(resolve(module, qualname)), args, kwargs, cache_dir, target)
+    jit = inner_jit(resolve(module, qualname))
+    if expected_key is not None and jit.cache_key != expected_key:
+        raise KeyMismatch(f"{module}.{qualname}: its source here hashes {jit.cache_key[:16]}..., the kernel it was "
+                          f"listed from {expected_key[:16]}...: its file changed since")
+    return _compile(jit, args, kwargs, cache_dir, target)
 
 
 def compile_shipped(shipped: Any, args: tuple, kwargs: dict, cache_dir: str,
@@ -246,8 +253,8 @@ def found_cached(compiles: list[bool | None]) -> bool | None:
     return None if None in compiles else True
 
 
-def prebuild(kernel: Any, args: tuple, kwargs: dict, cache_dir: str,
-             target: tuple[str, int, int]) -> tuple[bool | None, list[str]]:
+def prebuild(kernel: Any, args: tuple, kwargs: dict, cache_dir: str, target: tuple[str, int, int],
+             expected_key: str | None = None) -> tuple[bool | None, list[str]]:
     """Compile one variant of a manifest's entry (``buildops prebuild``): ``kernel`` is a ``shipping.ShippedKernel``
     or a ``(module, qualname)`` to import. Returns whether it compiled (as :func:`compile_variant`) and the names
     of the Triton cache entries it used, which the parent shares through the build store."""
@@ -257,7 +264,7 @@ def prebuild(kernel: Any, args: tuple, kwargs: dict, cache_dir: str,
     with collecting() as used:
         if isinstance(kernel, tuple):
             module, qualname = kernel
-            compiled = compile_variant(module, qualname, args, kwargs, cache_dir, target)
+            compiled = compile_variant(module, qualname, args, kwargs, cache_dir, target, expected_key)
         else:
             compiled = compile_shipped(kernel, args, kwargs, cache_dir, target)
     return compiled, sorted(used)
