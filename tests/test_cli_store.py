@@ -165,6 +165,37 @@ def test_prebuild_compiles_and_stores_then_another_machine_fetches(manifest, tmp
     assert (status, alone["compiled"], alone["store"]) == (0, 3, None)
 
 
+@pytest.mark.parametrize("tamper", ["truncated cubin", "another arch"])
+def test_a_fetched_artifact_this_node_must_not_load_is_bad_rebuilt_and_replaced(manifest, tmp_path, redis_url,
+                                                                                 tamper):
+    """An artifact whose recorded hashes match its files, but whose binary is not whole, or whose metadata names
+    another target than its identity's: counted bad (not fetched), compiled here, and replaced in the store."""
+    from buildops.store.packing import unpack
+
+    status, _ = prebuild(manifest, tmp_path, "first", BUILDOPS_STORE=redis_url)
+    assert status == 0
+    store = open_store(redis_url)
+    [key, *_] = sorted(k for k, _ in store.entries())
+    files = unpack(key, store.get(key))
+    for name, data in list(files.items()):
+        if tamper == "truncated cubin" and name.endswith(".cubin"):
+            files[name] = data[:len(data) // 2]
+        elif tamper == "another arch" and name.endswith(".json") and "__grp__" not in name:
+            metadata = json.loads(data)
+            metadata["target"]["arch"] = 80
+            files[name] = json.dumps(metadata).encode()
+    store.put(key, pack(key, files))  # hashes of what it now holds: the store's own check passes
+
+    status, second = prebuild(manifest, tmp_path, "second", BUILDOPS_STORE=redis_url)
+    assert status == 0, second
+    assert (second["fetched"], second["compiled"]) == (2, 1)
+    assert (second["store"]["bad"], second["store"]["fetched"], second["store"]["stored"]) == (1, 2, 1)
+    replaced = unpack(key, store.get(key))
+    assert replaced != files and all(
+        data[:4] == b"\x7fELF" for name, data in replaced.items() if name.endswith(".cubin"))
+    store.close()
+
+
 def test_prebuild_refuses_an_entry_whose_identity_was_edited(manifest, tmp_path, capsys):
     document = json.loads(manifest.read_text())
     document["entries"][0]["identity"] = "0" * 64

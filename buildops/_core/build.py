@@ -36,6 +36,10 @@ class Artifact(Protocol):
         what the run compiled beyond them, stored again under the same identity, or None when it compiled nothing.
         For artifacts that can lack an entry their first node found in its cache (DeepGEMM's, which take what
         appeared while the run ran).
+      * ``rejects(files)`` (optional) is called on fetched files that passed the store's own verification (their
+        recorded hashes), before ``install``: why this node must not use them (a binary that is not whole, one
+        built for another target), or None. A rejected artifact counts as bad: built here and replaced in the
+        store.
       * None of them raises for a missing or foreign cache entry; any exception leaves the build to run unshared.
     """
 

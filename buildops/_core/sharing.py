@@ -136,6 +136,10 @@ class StoreSharing:
             return "missing"
         try:
             files = unpack(identity, blob)
+            rejects = getattr(artifact, "rejects", None)  # the backend's own checks of what it would load
+            problem = rejects(files) if rejects is not None else None
+            if problem is not None:
+                raise BadArtifact(problem)
         except BadArtifact as bad:
             logger.warning("buildops: the build store's artifact of %s (op %s) is bad (%s); building it here",
                            record.build.describe(), record.build.op, bad)

@@ -125,6 +125,27 @@ class TritonEntries(CacheEntries):
         if self.run is not None:
             self.run.in_local_cache = True
 
+    def rejects(self, files: dict[str, bytes]) -> str | None:
+        """Why fetched entries must not be loaded here: a binary that is not a whole ELF file (the store's hashes
+        were recorded of what its node had), or metadata naming another target than this build's."""
+        from .artifacts import elf_problem
+
+        for path, data in files.items():
+            entry, _, name = path.partition("/")
+            if name.endswith((".cubin", ".hsaco")):
+                problem = elf_problem(data)
+                if problem is not None:
+                    return f"{path}: {problem}"
+            elif name.endswith(".json") and not name.startswith(_GROUP_PREFIX):
+                try:
+                    target = json.loads(data).get("target") or {}
+                except (ValueError, AttributeError):
+                    return f"{path}: metadata that is not a JSON object"
+                built_for = (target.get("backend"), target.get("arch"), target.get("warp_size"))
+                if built_for != tuple(self.target):
+                    return f"{entry}: built for {built_for}, this build is for {tuple(self.target)}"
+        return None
+
     def read_entry(self, entry: Path) -> dict[str, bytes]:
         return _read_entry(entry)
 
