@@ -133,3 +133,17 @@ def test_a_kernel_imported_by_name_with_other_source_than_listed_compiles_nothin
     assert not any(tmp_path.iterdir())  # nothing compiled into the cache
     assert worker.compile_variant("triton_kernels", "add_kernel", (x, x, x, 64), {"BLOCK": 64}, str(tmp_path),
                                   ("cuda", 90, 32), expected_key=K.add_kernel.cache_key) is True
+
+
+def test_a_value_read_from_a_module_that_changed_since_the_description_is_read_again(monkeypatch):
+    """Triton's cache key does not hold a constexpr read from a module's attribute; a description kept per cache
+    key alone shipped the old value to worker processes after the attribute changed (threads compiled the new)."""
+    import shipping_helpers
+
+    first = describe(S.through_a_module)
+    assert describe(S.through_a_module) is first  # kept while nothing it read changed
+    monkeypatch.setattr(shipping_helpers, "SCALE", tl.constexpr(7))
+    monkeypatch.setattr(S, "OFFSET", tl.constexpr(5))
+    again = describe(S.through_a_module)
+    reads = again.functions[again.root].reads
+    assert reads["helpers"][2]["SCALE"] == ("value", tl.constexpr(7)) and reads["OFFSET"] == ("value", tl.constexpr(5))

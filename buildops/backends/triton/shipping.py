@@ -84,19 +84,26 @@ class ShippedKernel:
 
 # -- the parent: describing ---------------------------------------------------------------------------------------
 
-_described: weakref.WeakKeyDictionary[Any, tuple[str, ShippedKernel | str]] = weakref.WeakKeyDictionary()
+# What a description read, as (namespace, name, the object it held): a global of a kernel's module, an attribute of
+# a module it reads through. Triton's cache key does not hold them all (a constexpr read from a module attribute).
+Watches = list[tuple[dict[str, Any], str, Any]]
+_described: weakref.WeakKeyDictionary[Any, tuple[str, ShippedKernel | str, Watches]] = weakref.WeakKeyDictionary()
+_MISSING = object()
 
 
 def describe(jit: Any) -> ShippedKernel | str:
     """The kernel ``jit`` (a ``JITFunction``) as it travels to a worker, or the reason it cannot. Kept per kernel
-    while its ``cache_key`` holds."""
+    while its ``cache_key`` holds and every global and module attribute it read still holds the same object (one
+    changed between two passes is read again: a worker must compile what this process would)."""
     key = jit.cache_key
     known = _described.get(jit)
-    if known is not None and known[0] == key:
+    if known is not None and known[0] == key and all(namespace.get(name, _MISSING) is value
+                                                     for namespace, name, value in known[2]):
         return known[1]
     functions: dict[str, ShippedFunction] = {}
+    watches: Watches = []
     try:
-        root = _describe_function(jit, functions)
+        root = _describe_function(jit, functions, watches)
         shipped: ShippedKernel | str = ShippedKernel(root, key, functions)
         pickle.dumps(shipped)
     except Unshippable as exc:
@@ -104,13 +111,13 @@ def describe(jit: Any) -> ShippedKernel | str:
     except Exception as exc:  # noqa: BLE001 - whatever stops a description is a reason to build otherwise
         shipped = f"{type(exc).__name__}: {exc}"
     try:
-        _described[jit] = (key, shipped)
+        _described[jit] = (key, shipped, watches)
     except TypeError:  # not weakly referenceable: describe again next time
         pass
     return shipped
 
 
-def _describe_function(fn_obj: Any, functions: dict[str, ShippedFunction]) -> str:
+def _describe_function(fn_obj: Any, functions: dict[str, ShippedFunction], watches: Watches) -> str:
     fn = fn_obj.fn
     name = f"{fn.__module__}:{fn.__qualname__}"
     if name in functions:
@@ -138,7 +145,10 @@ def _describe_function(fn_obj: Any, functions: dict[str, ShippedFunction]) -> st
     for global_name, paths in _names_read(fn_obj.src).items():
         if global_name not in scope:
             continue  # a builtin, or a name only ever local
-        reads[global_name] = _ship_value(scope[global_name], paths, f"{name} reads {global_name}", functions)
+        if global_name in fn.__globals__ and fn.__globals__[global_name] is scope[global_name]:
+            watches.append((fn.__globals__, global_name, scope[global_name]))
+        reads[global_name] = _ship_value(scope[global_name], paths, f"{name} reads {global_name}", functions,
+                                         watches)
     placeholder.reads.update(reads)
     return name
 
@@ -175,14 +185,15 @@ def _names_read(src: str) -> dict[str, set[tuple[str, ...]]]:
     return reads
 
 
-def _ship_value(value: Any, paths: set[tuple[str, ...]], what: str, functions: dict[str, ShippedFunction]) -> tuple:
+def _ship_value(value: Any, paths: set[tuple[str, ...]], what: str, functions: dict[str, ShippedFunction],
+                watches: Watches) -> tuple:
     reference = _reference(value)
     if reference is not None:
         return reference
     if isinstance(value, types.ModuleType):
-        return _ship_namespace(value, paths, what, functions)
+        return _ship_namespace(value, paths, what, functions, watches)
     if _kind(value) is not None:
-        return ("function", _describe_function(value, functions))
+        return ("function", _describe_function(value, functions, watches))
     if _plain(value):
         return ("value", value)
     raise Unshippable(f"{what}, a {type(value).__module__}.{type(value).__qualname__} that travels only by import")
@@ -230,7 +241,7 @@ def _plain(value: Any) -> bool:
 
 
 def _ship_namespace(module: types.ModuleType, paths: set[tuple[str, ...]], what: str,
-                    functions: dict[str, ShippedFunction]) -> tuple:
+                    functions: dict[str, ShippedFunction], watches: Watches) -> tuple:
     if not paths:
         raise Unshippable(f"{what}, the module {module.__name__} itself, not one of its attributes")
     by_first: dict[str, set[tuple[str, ...]]] = {}
@@ -242,9 +253,11 @@ def _ship_namespace(module: types.ModuleType, paths: set[tuple[str, ...]], what:
             raise Unshippable(f"{what}.{attr}, which {module.__name__} lacks")
         rest = {p for p in rest if p}
         value = getattr(module, attr)
+        if vars(module).get(attr, _MISSING) is value:
+            watches.append((vars(module), attr, value))
         if isinstance(value, types.ModuleType) and _reference(value) is None and not rest:
             rest = set()  # the submodule itself: refused below with the reason
-        attributes[attr] = _ship_value(value, rest, f"{what}.{attr}", functions)
+        attributes[attr] = _ship_value(value, rest, f"{what}.{attr}", functions, watches)
     return ("namespace", module.__name__, attributes)
 
 
