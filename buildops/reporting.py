@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ._core.build import BuildRecord, BuildState
+from ._core.coverage import BeyondMax, Swept, beyond_max, swept
 from ._core.default import current_builder
 from ._core.late import LateCompile, late_compiles
 from ._core.passes import ListedNothing, listed_nothing
@@ -129,6 +130,8 @@ class Report:
     listed_nothing: tuple[ListedNothing, ...] = ()  # ops whose first calls in a pass listed no build
     store: StoreCounts | None = None
     ready: float | None = None  # buildops.startup.ready_time() when the report was made
+    swept: tuple[Swept, ...] = ()  # each op's swept dims over the passes so far
+    beyond_max: tuple[BeyondMax, ...] = ()  # calls a pass made beyond a spec's max (built too)
 
     def tunings(self) -> dict[str, int | None]:
         """The tunings buildops built (serial builds, apart from compiles): ``built``, and of those
@@ -192,6 +195,8 @@ class Report:
         * ``late``: ``{"library", "kernel", "variant", "ops", "where", "kind"}`` each (:class:`LateCompile`);
         * ``listed_nothing``: ``{"op", "pass_name", "signatures"}`` each (:class:`ListedNothing`);
         * ``tunings``: ``{"built", "before_ready", "after_ready"}`` (:meth:`tunings`);
+        * ``swept``: ``{"op", "dim", "low", "high", "values"}`` each: what the passes' sweeps covered;
+        * ``beyond_max``: ``{"op", "dims", "maxima"}`` each: a pass's call beyond a spec's ``max``, built too;
         * ``store``: the :class:`~buildops._core.sharing.StoreCounts` fields (``store``, ``fetched``,
           ``fetched_bytes``, ``fetch_seconds``, ``stored``, ``stored_bytes``, ``known_locally``,
           ``waited_for_others``, ``built_after_others``, ``bad``, ``failed``), or null without a build store;
@@ -215,6 +220,8 @@ class Report:
             "late": [{**asdict(late), "ops": list(late.ops)} for late in self.late],
             "listed_nothing": [asdict(entry) for entry in self.listed_nothing],
             "tunings": self.tunings(),
+            "swept": [asdict(entry) for entry in self.swept],
+            "beyond_max": [{"op": b.op, "dims": dict(b.dims), "maxima": dict(b.maxima)} for b in self.beyond_max],
             "store": None if self.store is None else asdict(self.store),
             **({"manifest": manifest_entries()} if manifest else {}),
         }
@@ -247,7 +254,7 @@ def report() -> Report:
     late = tuple(late_compiles())
     nothing = tuple(listed_nothing())
     if builder is None:
-        return Report((), (), {}, late, (), nothing)
+        return Report((), (), {}, late, (), nothing, swept=swept(), beyond_max=beyond_max())
     stats, history = builder.snapshot()
     pending: dict[str, int] = {}
     prebuilt: dict[str, int] = {}
@@ -262,7 +269,8 @@ def report() -> Report:
             prebuilt[build.library] = prebuilt.get(build.library, 0) + 1
     ops = tuple(OpReport(op, s.listed, s.shared, s.built, s.failed, s.cancelled, pending.get(op, 0),
                          s.build_seconds, s.wait_seconds) for op, s in sorted(stats.items()))
-    return Report(ops, tuple(failures), prebuilt, late, tuple(history), nothing, builder.store_counts(), ready_time())
+    return Report(ops, tuple(failures), prebuilt, late, tuple(history), nothing, builder.store_counts(), ready_time(),
+                  swept(), beyond_max())
 
 
 def format_report(data: Mapping[str, Any]) -> str:
@@ -277,6 +285,8 @@ def format_report(data: Mapping[str, Any]) -> str:
     for late in data["late"]:
         if late.get("kind") == "tuning":
             tunings[late["library"]] = tunings.get(late["library"], 0) + 1
+    out += _swept_lines(data.get("swept") or [])
+    out += [BeyondMax(b["op"], b["dims"], b["maxima"]).describe() for b in data.get("beyond_max") or []]
     out += _tunings_lines(data.get("tunings"))
     out += [f"{library}: {n} tuning(s) late (keys no pass listed; serving ran the nearest key's config meanwhile)"
             for library, n in sorted(tunings.items())]
@@ -285,6 +295,14 @@ def format_report(data: Mapping[str, Any]) -> str:
     if data.get("store") is not None:
         out.append(describe_store(data["store"]))
     return "\n".join(out)
+
+
+def _swept_lines(entries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per op of what its sweeps covered: ``swept rms_norm: x.0 1..4096 (13 values)``."""
+    by_op: dict[str, list[str]] = {}
+    for entry in entries:
+        by_op.setdefault(entry["op"], []).append(Swept(**entry).describe())
+    return [f"swept {op}: {', '.join(dims)}" for op, dims in by_op.items()]
 
 
 def _tunings_lines(tunings: Mapping[str, Any] | None) -> list[str]:
@@ -346,6 +364,8 @@ _ENTRIES: dict[str, dict[str, type]] = {
     "late": {"library": str, "kernel": str, "variant": str, "ops": list, "where": str},
     "listed_nothing": {"op": str, "pass_name": str, "signatures": int},
 }
+_SWEPT = {"op": str, "dim": str, "low": int, "high": int, "values": int}
+_BEYOND = {"op": str, "dims": dict, "maxima": dict}
 _COVERAGE = {"prebuilt": int, "late": int, "compiled": int, "cached": int, "unknown": int, "skipped": dict,
              "elsewhere": dict}
 # The StoreCounts fields but ``failed`` (a string or null, checked on its own).
@@ -390,10 +410,18 @@ def _checked(data: object) -> dict[str, Any]:
                "ops": entries["ops"], "totals": _entry(_field(data, "totals", dict), _COUNTS, "totals"),
                "failures": entries["failures"], "coverage": coverage, "late": entries["late"],
                "listed_nothing": entries["listed_nothing"], "store": _checked_store(data.get("store")),
-               "tunings": _checked_tunings(data.get("tunings"))}
+               "tunings": _checked_tunings(data.get("tunings")),
+               # reports saved before these were kept lack them
+               "swept": [_entry(e, _SWEPT, f"swept[{i}]") for i, e in enumerate(_optional_list(data, "swept"))],
+               "beyond_max": [_entry(e, _BEYOND, f"beyond_max[{i}]")
+                              for i, e in enumerate(_optional_list(data, "beyond_max"))]}
     if "manifest" in data:
         checked["manifest"] = _checked_manifest(_field(data, "manifest", list))
     return checked
+
+
+def _optional_list(data: Mapping[str, Any], key: str) -> list[Any]:
+    return _field(data, key, list) if key in data else []
 
 
 def _checked_tunings(tunings: object) -> dict[str, int | None] | None:

@@ -140,6 +140,22 @@ def test_tunings_are_counted_apart_from_compiles_before_and_after_ready(tmp_path
     assert load_report(path)["tunings"] is None
 
 
+def test_what_the_sweeps_covered_round_trips_and_old_reports_load_without_it(tmp_path):
+    from buildops._core.coverage import BeyondMax, Swept
+
+    rep = Report((), (), swept=(Swept("mm", "x.0", 1, 4096, 13), Swept("mm", "w.1", 64, 64, 1)),
+                 beyond_max=(BeyondMax("mm", {"x.0": 5000}, {"x.0": 4096}),))
+    path = tmp_path / "report.json"
+    rep.save(path)
+    loaded = load_report(path)
+    assert buildops.reporting.format_report(loaded) == rep.format()
+    assert "swept mm: x.0 1..4096 (13 values), w.1 64" in rep.format()
+    saved = json.loads(path.read_text())
+    del saved["swept"], saved["beyond_max"]  # a report saved before they were kept
+    path.write_text(json.dumps(saved))
+    assert (load_report(path)["swept"], load_report(path)["beyond_max"]) == ([], [])
+
+
 def test_save_replaces_the_file_whole_and_leaves_nothing_beside_it(tmp_path):
     path = tmp_path / "report.json"
     path.write_text("an older report")

@@ -474,3 +474,9 @@ def test_a_pass_beyond_a_spec_s_max_builds_its_own_shape_too_and_says_so_once(ru
     with build_pass("again"):
         capped(torch.empty(6, 4))  # within max: the sweep alone, nothing said
     assert seen == [6, 1, 2, 4] and caplog.text.count("beyond its sweep's max") == 1
+    rep = report()  # and the report says what the sweeps covered, and the call beyond max
+    assert [(s.op, s.dim, s.low, s.high, s.values) for s in rep.swept] == [("capped", "x.0", 1, 20, 6)]
+    text = rep.format()
+    assert "swept capped: x.0 1..20 (6 values)" in text
+    assert "op capped: a pass called it at {'x.0': 20}, beyond its sweep's max {'x.0': 8}; that shape was built too" \
+        in text

@@ -37,6 +37,7 @@ import wrapt
 from .._config import settings
 from .build import Build
 from .builder import Builder, on_builder_thread
+from .coverage import note_beyond_max, note_sweep
 from .default import current_builder
 from .listing import materialize, output_template, replay
 from .names import claim_name, described, hold_name, op_name, release_name, short_name
@@ -258,6 +259,7 @@ class _Op:
             if beyond is not None and beyond not in combinations:
                 combinations.append(beyond)
                 self._warn_beyond_max(beyond)
+            note_sweep(self.name, combinations)
             self._sweep(build_pass, bound, signature, called, combinations)
         elif called is not None:
             with self._lock:
@@ -322,6 +324,7 @@ class _Op:
                 return
             self._warned_beyond_max = True
         maxima = {d.spec.key: d.spec.max for d in self.config.dims if d.spec.max is not None}
+        note_beyond_max(self.name, dims, maxima)
         logger.warning("buildops: %s: a pass calls it at %s, beyond its sweep's max %s; that shape is built too. "
                        "Raise max= to where serving goes, or call the op in the pass within it", self.name,
                        dict(dims), maxima)
