@@ -78,8 +78,8 @@ def test_scope_overrides_and_restores(monkeypatch):
         with settings.scope(threads=0):
             pass
     known = ("autotune, build_timeout, deep_gemm_m, enabled, executor, gpu_reserve_mb, late_compile, node_locks, "
-             "progress_after, serving_tune, store, store_lease, store_timeout, switch_interval_us, threads, "
-             "triton_target")
+             "progress_after, serving_tune, store, store_lease, store_max_mb, store_timeout, switch_interval_us, "
+             "threads, triton_target")
     with pytest.raises(ConfigError, match=f"unknown setting; known: {known}"):
         with settings.scope(thread=2):
             pass
@@ -125,7 +125,8 @@ VARIABLES = ["BUILDOPS", "BUILDOPS_THREADS", "BUILDOPS_EXECUTOR", "BUILDOPS_GPU_
              "BUILDOPS_NODE_LOCKS", "BUILDOPS_LATE_COMPILE", "BUILDOPS_AUTOTUNE", "BUILDOPS_SERVING_TUNE",
              "BUILDOPS_TRITON_TARGET",
              "BUILDOPS_SWITCH_INTERVAL_US", "BUILDOPS_WORKER_NICE", "BUILDOPS_BUILD_TIMEOUT", "BUILDOPS_STORE",
-             "BUILDOPS_STORE_TIMEOUT", "BUILDOPS_STORE_LEASE", "BUILDOPS_PROGRESS_AFTER"]
+             "BUILDOPS_STORE_TIMEOUT", "BUILDOPS_STORE_LEASE", "BUILDOPS_STORE_MAX_MB",
+             "BUILDOPS_PROGRESS_AFTER"]
 
 
 def test_each_setting_is_a_descriptor_declared_on_the_class(monkeypatch):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .._config import read_or_default, redact_url, settings
-from ..store import BuildStore, StoreError, open_store
+from ..store import BuildStore, StoreError, TooLarge, open_store
 from ..store.packing import BadArtifact, pack, unpack
 from .build import Build
 
@@ -66,8 +66,9 @@ class _Shared(Protocol):
 class StoreSharing:
     """The build store as one builder uses it; thread-safe. See the module docstring."""
 
-    def __init__(self, url: str, timeout: float, lease: float) -> None:
+    def __init__(self, url: str, timeout: float, lease: float, max_bytes: int | None = None) -> None:
         self.url, self.timeout, self.lease = url, timeout, lease
+        self.max_bytes = max_bytes  # BUILDOPS_STORE_MAX_MB: larger artifacts are built here and kept local
         self._store: BuildStore | None = None
         self._opening = threading.Lock()
         self._lock = threading.Lock()
@@ -108,7 +109,7 @@ class StoreSharing:
                 self._count(known_locally=1)
                 return True
             found = self._fetch(record, identity)
-            if found == "fetched":
+            if found in ("fetched", "too large"):  # too large: built here, unclaimed (no node would fetch it)
                 return True
             lease = self.store.claim(identity, self.lease)
             if lease is not None:
@@ -127,11 +128,18 @@ class StoreSharing:
         return not self._still_waiting(record)
 
     def _fetch(self, record: _Shared, identity: str) -> str:
-        """Fetch and install ``record``'s artifact: "fetched", "missing", or "bad" (it failed verification)."""
+        """Fetch and install ``record``'s artifact: "fetched", "missing", "bad" (it failed verification) or "too
+        large" (over ``BUILDOPS_STORE_MAX_MB``, left unread)."""
         artifact = record.build.artifact
         assert artifact is not None
         start = time.perf_counter()
-        blob = self.store.get(identity)
+        try:
+            blob = self.store.get(identity, self.max_bytes)
+        except TooLarge as large:
+            logger.warning("buildops: the build store's artifact of %s (op %s) is %.0f MiB, over "
+                           "BUILDOPS_STORE_MAX_MB; building it here", record.build.describe(), record.build.op,
+                           large.size / 2**20)
+            return "too large"
         if blob is None:
             return "missing"
         try:
@@ -209,6 +217,10 @@ class StoreSharing:
 
     def _put(self, identity: str, files: dict[str, bytes]) -> None:
         blob = pack(identity, files)
+        if self.max_bytes is not None and len(blob) > self.max_bytes:
+            logger.info("buildops: an artifact of %.0f MiB, over BUILDOPS_STORE_MAX_MB, is kept local",
+                        len(blob) / 2**20)
+            return
         self.store.put(identity, blob)
         self._count(stored=1, stored_bytes=len(blob))
 
@@ -271,5 +283,6 @@ def store_sharing() -> StoreSharing | None:
     url = read_or_default(type(settings).store)
     if not url:
         return None
+    max_mb = read_or_default(type(settings).store_max_mb)
     return StoreSharing(url, read_or_default(type(settings).store_timeout),
-                        read_or_default(type(settings).store_lease))
+                        read_or_default(type(settings).store_lease), max_mb * 2**20 if max_mb else None)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import urllib.parse
 
 from .._config import redact_url
-from .interface import BuildStore, Lease, StoreError
+from .interface import BuildStore, Lease, StoreError, TooLarge
 
-__all__ = ["BuildStore", "Lease", "StoreError", "open_store"]
+__all__ = ["BuildStore", "Lease", "StoreError", "TooLarge", "open_store"]
 
 
 def open_store(url: str, timeout: float = 2.0, create: bool = False) -> BuildStore:

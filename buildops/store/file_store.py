@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._runtime.files import write_atomically
-from .interface import BuildStore, Lease, StoreError, check_key
+from .interface import BuildStore, Lease, StoreError, TooLarge, check_key
 
 __all__ = ["FileStore"]
 
@@ -42,9 +42,13 @@ class FileStore(BuildStore):
     def _fail(self, what: str, error: OSError) -> StoreError:
         return StoreError(f"build store {self.where}: {what} failed: {type(error).__name__}: {error}")
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, limit: int | None = None) -> bytes | None:
+        path = self._artifacts / check_key(key)
         try:
-            return (self._artifacts / check_key(key)).read_bytes()
+            size = path.stat().st_size
+            if limit is not None and size > limit:
+                raise TooLarge(size)
+            return path.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as error:

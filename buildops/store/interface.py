@@ -7,10 +7,18 @@ from collections.abc import Iterator
 
 from .._config import redact_url
 
-__all__ = ["BuildStore", "Lease", "StoreError", "check_key"]
+__all__ = ["BuildStore", "Lease", "StoreError", "TooLarge", "check_key"]
 
 # Names the store's keys, values and claims share: artifacts are named by their identity (a sha256 in hex).
 KEY_LENGTH = 64
+
+
+class TooLarge(Exception):
+    """A stored value larger than the reader's limit (``BUILDOPS_STORE_MAX_MB``): ``size`` bytes."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"{size} bytes")
+        self.size = size
 
 
 class StoreError(RuntimeError):
@@ -53,7 +61,9 @@ class BuildStore(abc.ABC):
         return redact_url(self.url)
 
     @abc.abstractmethod
-    def get(self, key: str) -> bytes | None: ...
+    def get(self, key: str, limit: int | None = None) -> bytes | None:
+        """The value of ``key``, or None; :class:`TooLarge`, having read none of it, where it holds more than
+        ``limit`` bytes."""
 
     @abc.abstractmethod
     def put(self, key: str, blob: bytes) -> None: ...

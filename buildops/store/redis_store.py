@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .interface import BuildStore, Lease, StoreError, check_key
+from .interface import BuildStore, Lease, StoreError, TooLarge, check_key
 
 __all__ = ["RedisStore"]
 
@@ -61,8 +61,13 @@ class RedisStore(BuildStore):
         except self._errors as error:
             raise StoreError(f"build store {self.where}: {what} failed: {type(error).__name__}: {error}") from None
 
-    def get(self, key: str) -> bytes | None:
-        return self._call("get", self._client.get, ARTIFACT + check_key(key))
+    def get(self, key: str, limit: int | None = None) -> bytes | None:
+        name = ARTIFACT + check_key(key)
+        if limit is not None:
+            size = self._call("get", self._client.strlen, name)
+            if size > limit:
+                raise TooLarge(size)
+        return self._call("get", self._client.get, name)
 
     def put(self, key: str, blob: bytes) -> None:
         self._call("put", self._client.set, ARTIFACT + check_key(key), blob)

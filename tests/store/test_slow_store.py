@@ -102,3 +102,35 @@ def test_a_node_behind_a_slow_link_builds_locally_and_leaves_the_store_alone(red
     assert builder.store_counts().failed is not None and "BUILDOPS_STORE_TIMEOUT" in builder.store_counts().failed
     assert len([r for r in caplog.records if "without the store" in r.getMessage()]) == 1
     builder.shutdown()
+
+
+def test_an_artifact_over_the_size_cap_is_built_here_unread_and_kept_local(redis_url, tmp_path, caplog):
+    """BUILDOPS_STORE_MAX_MB: an artifact larger than it is neither read whole into memory nor stored."""
+    import logging
+
+    from buildops.store import TooLarge
+
+    first = Node(tmp_path / "a")
+    with settings.scope(store=redis_url):
+        builder = Builder(threads=1)
+    builder.submit(first.build("k0"))
+    assert builder.join(timeout=WAIT)
+    builder.shutdown()
+    store = open_store(redis_url)
+    [(key, size)] = list(store.entries())
+    with pytest.raises(TooLarge):
+        store.get(key, limit=size - 1)
+    assert store.get(key, limit=size) is not None
+
+    second = Node(tmp_path / "b")
+    with settings.scope(store=redis_url, store_max_mb=1):
+        builder = Builder(threads=1)
+    assert builder._sharing.max_bytes == 2**20  # the setting, in bytes
+    builder._sharing.max_bytes = size - 1  # below this small artifact's size: the setting counts whole MiB
+    with caplog.at_level(logging.WARNING, logger="buildops"):
+        builder.submit(second.build("k0"))
+        assert builder.join(timeout=WAIT)
+    assert second.compiles == ["k0"] and builder.store_counts().fetched == 0
+    assert "over BUILDOPS_STORE_MAX_MB" in caplog.text
+    builder.shutdown()
+    store.close()
