@@ -577,3 +577,43 @@ def test_a_launcher_loaded_again_leaves_the_other_signatures_launcher_alone(tmp_
     with patches.building():
         assert launcher("A").launch() == "A"  # a build loads A's again: C's module is not the one refilled
     assert c.launch() == "C"
+
+
+CHANGING_KERNEL = """
+import triton
+import triton.language as tl
+
+class Mode:  # an object of the user's: the kernel does not travel as source, a worker imports it by name
+    def __eq__(self, other):
+        return isinstance(other, Mode)
+
+    def __hash__(self):
+        return 1
+
+MODE = tl.constexpr(Mode())
+
+@triton.jit
+def scale(x_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    if MODE == MODE:
+        tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) * {scale}, mask=offsets < n)
+"""
+
+
+def test_a_kernel_file_changed_after_import_is_built_here_and_the_report_says_why(tmp_path, monkeypatch, caplog):
+    """A worker that imports a kernel by name finds other source where its file changed after this process
+    imported it: it compiles nothing, and this process builds the kernel it runs (issue 33, 2c)."""
+    import importlib
+    import logging
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "changing_kernel.py"
+    path.write_text(CHANGING_KERNEL.format(scale=2))
+    module = importlib.import_module("changing_kernel")
+    path.write_text(CHANGING_KERNEL.format(scale=3))  # edited after the import
+    x = torch.zeros(64)
+    [build] = bt.triton_builds("scale", module.scale, x, 64, BLOCK=64)
+    with settings.scope(executor="processes"), caplog.at_level(logging.WARNING, logger="buildops"):
+        build.run()
+    assert "its file changed since; built in this process" in caplog.text, getattr(build.run, "where", None)
+    assert "a worker imported other source" in build.run.where

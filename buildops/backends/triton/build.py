@@ -102,8 +102,11 @@ class WarmupRun:
         reference = importable_reference(self.jit)
         if reference is None:
             return None, f"this process ({shipped}; nor can a worker import it)"
-        compiled = compile_in_process(reference, self.args, self.kwargs, self.target, self.given_up,
-                                      self.jit.cache_key)
+        try:
+            compiled = compile_in_process(reference, self.args, self.kwargs, self.target, self.given_up,
+                                          self.jit.cache_key)
+        except KeyMismatch:  # the file changed after this process imported it: build what this one runs
+            return None, "this process (a worker imported other source: the kernel's file changed since)"
         if compiled is None:
             return None, f"this process ({shipped}; nor could a worker import it)"
         return compiled, f"a worker that imported {reference[0]} ({shipped})"
@@ -222,10 +225,10 @@ def importable_reference(jit: JITFunction) -> tuple[str, str] | None:
 
 def compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict, the_target: GPUTarget,
                        given_up: threading.Event | None = None, expected_key: str | None = None) -> bool | None:
-    """Compile in a worker process (crashes: see ``WorkerPool.run``); a kernel the worker cannot import, or imports
-    with other source than ``expected_key`` says this process runs, is left to the calling thread's own warmup.
-    Returns whether the worker compiled (False: it found the variant cached), or None where it did not say or
-    did not compile it."""
+    """Compile in a worker process (crashes: see ``WorkerPool.run``); a kernel the worker cannot import is left to
+    the calling thread's own warmup. Returns whether the worker compiled (False: it found the variant cached),
+    or None where it did not say or could not import the kernel. Raises ``shipping.KeyMismatch`` (warning once
+    per build) where the worker imported other source than ``expected_key`` says this process runs."""
     module, qualname = reference
     try:
         compiled = workers.run(f"{module}.{qualname}", worker.compile_variant, module, qualname, args, kwargs,
@@ -235,9 +238,9 @@ def compile_in_process(reference: tuple[str, str], args: tuple, kwargs: dict, th
         logger.debug("buildops: worker cannot import %s.%s; building it in a thread", module, qualname,
                      exc_info=True)
         return None
-    except KeyMismatch as mismatch:  # the file changed after this process imported it: build what this one runs
+    except KeyMismatch as mismatch:
         logger.warning("buildops: %s; built in this process, from the source it runs", mismatch)
-        return None
+        raise
     return compiled if isinstance(compiled, bool) else None
 
 
