@@ -17,6 +17,10 @@ import sys
 import tempfile
 import time
 
+# Triton 3.9 asks each program to choose its floating-point fusion default (it warns once where none is set): the
+# demo keeps the one of every earlier Triton
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
 import torch
 
 
