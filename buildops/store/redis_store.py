@@ -63,11 +63,15 @@ class RedisStore(BuildStore):
 
     def get(self, key: str, limit: int | None = None) -> bytes | None:
         name = ARTIFACT + check_key(key)
-        if limit is not None:
-            size = self._call("get", self._client.strlen, name)
-            if size > limit:
-                raise TooLarge(size)
-        return self._call("get", self._client.get, name)
+
+        def get() -> bytes | None:  # one request, under one deadline: the size first, where there is a limit
+            if limit is not None:
+                size = self._client.strlen(name)
+                if size > limit:
+                    raise TooLarge(size)
+            return self._client.get(name)
+
+        return self._call("get", get)
 
     def put(self, key: str, blob: bytes) -> None:
         self._call("put", self._client.set, ARTIFACT + check_key(key), blob)
