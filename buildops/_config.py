@@ -318,8 +318,8 @@ class _Settings:
                            "renewed (it is renewed while the build runs): how long others wait for a node that "
                            "died mid-build.", lambda: 30.0)
     store_max_mb = _Whole("BUILDOPS_STORE_MAX_MB", "The largest artifact (MiB) a node fetches from the build store "
-                          "or puts there: a larger one is built here and kept local, so that no fetch holds more "
-                          "than this in memory. 0: no limit.", lambda: 256,
+                          "or puts there: a larger one is built here and kept local (a fetch spools it to disk, "
+                          "and this bounds that file). 0: no limit.", lambda: 256,
                           expected="a whole number of MiB >= 0 (0: no limit)")
     progress_after = _Seconds("BUILDOPS_PROGRESS_AFTER", "Seconds a join waits before it shows a progress bar.",
                               lambda: 1.0)

@@ -176,7 +176,7 @@ def test_a_fetched_artifact_this_node_must_not_load_is_bad_rebuilt_and_replaced(
     assert status == 0
     store = open_store(redis_url)
     [key, *_] = sorted(k for k, _ in store.entries())
-    files = unpack(key, store.get(key))
+    files = dict(unpack(key, store.get(key)))
     for name, data in list(files.items()):
         if tamper == "truncated cubin" and name.endswith(".cubin"):
             files[name] = data[:len(data) // 2]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,7 +47,7 @@ class Artifact(Protocol):
 
     def known_locally(self) -> bool: ...
 
-    def install(self, files: dict[str, bytes]) -> None: ...
+    def install(self, files: Mapping[str, bytes]) -> None: ...
 
     def collect(self) -> dict[str, bytes] | None: ...
 

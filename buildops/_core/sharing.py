@@ -19,6 +19,7 @@ failure is logged once and the store is left alone for the rest of the process.
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -35,6 +36,9 @@ logger = logging.getLogger("buildops")
 
 # How long a worker waits before it puts back a build another node holds (as for node claims).
 HELD_ELSEWHERE_WAIT_SECONDS = 0.05
+
+# A fetched artifact up to this size is read into memory; a larger one into a temporary file.
+SPOOL_IN_MEMORY_BYTES = 8 << 20
 
 
 @dataclass
@@ -133,29 +137,31 @@ class StoreSharing:
         artifact = record.build.artifact
         assert artifact is not None
         start = time.perf_counter()
-        try:
-            blob = self.store.get(identity, self.max_bytes)
-        except TooLarge as large:
-            logger.warning("buildops: the build store's artifact of %s (op %s) is %.0f MiB, over "
-                           "BUILDOPS_STORE_MAX_MB; building it here", record.build.describe(), record.build.op,
-                           large.size / 2**20)
-            return "too large"
-        if blob is None:
-            return "missing"
-        try:
-            files = unpack(identity, blob)
-            rejects = getattr(artifact, "rejects", None)  # the backend's own checks of what it would load
-            problem = rejects(files) if rejects is not None else None
-            if problem is not None:
-                raise BadArtifact(problem)
-        except BadArtifact as bad:
-            logger.warning("buildops: the build store's artifact of %s (op %s) is bad (%s); building it here",
-                           record.build.describe(), record.build.op, bad)
-            self._count(bad=1)
-            return "bad"
-        artifact.install(files)
+        # Read into a spool, in memory while small and on disk beyond: an artifact is never held whole in memory.
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES, prefix="buildops-fetch-") as spool:
+            try:
+                size = self.store.read_into(identity, spool, self.max_bytes)
+            except TooLarge as large:
+                logger.warning("buildops: the build store's artifact of %s (op %s) is %.0f MiB, over "
+                               "BUILDOPS_STORE_MAX_MB; building it here", record.build.describe(), record.build.op,
+                               large.size / 2**20)
+                return "too large"
+            if size is None:
+                return "missing"
+            try:
+                files = unpack(identity, spool)
+                rejects = getattr(artifact, "rejects", None)  # the backend's own checks of what it would load
+                problem = rejects(files) if rejects is not None else None
+                if problem is not None:
+                    raise BadArtifact(problem)
+            except BadArtifact as bad:
+                logger.warning("buildops: the build store's artifact of %s (op %s) is bad (%s); building it here",
+                               record.build.describe(), record.build.op, bad)
+                self._count(bad=1)
+                return "bad"
+            artifact.install(files)
         record.origin = "store"
-        self._count(fetched=1, fetched_bytes=len(blob), fetch_seconds=time.perf_counter() - start)
+        self._count(fetched=1, fetched_bytes=size, fetch_seconds=time.perf_counter() - start)
         return "fetched"
 
     def _still_waiting(self, record: _Shared) -> bool:

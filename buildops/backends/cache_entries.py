@@ -9,6 +9,7 @@ installed or an upload took for that identity, so that a node whose cache holds 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +64,14 @@ class CacheEntries:
         where = self.entries_dir()
         return bool(names) and all(isinstance(n, str) and self.complete(where / n) for n in names)
 
-    def install(self, files: dict[str, bytes]) -> None:
-        by_entry: dict[str, dict[str, bytes]] = {}
-        for path, data in files.items():
+    def install(self, files: Mapping[str, bytes]) -> None:
+        by_entry: dict[str, dict[str, str]] = {}  # entry -> its file's name -> its path in ``files``
+        for path in files:
             entry, _, name = path.partition("/")
             if name and "/" not in name:
-                by_entry.setdefault(entry, {})[name] = data
-        for entry, contents in by_entry.items():
-            self.place_entry(entry, contents)
+                by_entry.setdefault(entry, {})[name] = path
+        for entry, paths in by_entry.items():  # one entry's bytes in memory at a time (fetched files stream)
+            self.place_entry(entry, {name: files[path] for name, path in paths.items()})
         self._installed = set(by_entry)
         self._remember(list(by_entry))
 

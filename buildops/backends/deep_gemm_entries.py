@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +145,7 @@ class DeepGemmEntries(CacheEntries):
     def marker_root(self) -> Path:
         return cache_root()
 
-    def install(self, files: dict[str, bytes]) -> None:
+    def install(self, files: Mapping[str, bytes]) -> None:
         with making_entries():  # a watched call meanwhile must not take these entries for its own compiles
             super().install(files)
 

@@ -30,6 +30,7 @@ import os
 import platform
 import sys
 import sysconfig
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +193,7 @@ class FlashInferModule:
         _skip_placed_modules()
         return True
 
-    def install(self, files: dict[str, bytes]) -> None:
+    def install(self, files: Mapping[str, bytes]) -> None:
         """Place the library where FlashInfer loads it, unless one is there; mark it when the library there is the
         fetched one."""
         data = files.get(self._file)

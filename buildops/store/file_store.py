@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO, TypeVar
 
 from .._runtime.files import write_atomically
-from .interface import BuildStore, Lease, StoreError, TooLarge, check_key
+from .interface import CHUNK_BYTES, BuildStore, Lease, StoreError, TooLarge, bounded, check_key
+
+T = TypeVar("T")
 
 __all__ = ["FileStore"]
 
@@ -29,57 +33,63 @@ class FileStore(BuildStore):
     def __init__(self, url: str, timeout: float, create: bool = False) -> None:
         self.url = url
         self.root = Path(url.removeprefix("file://"))
+        self._timeout = timeout
         self._artifacts, self._claims = self.root / "artifacts", self.root / "claims"
+        self._call("open", self._open, create)
+
+    def _open(self, create: bool) -> None:
         if not create and not self.root.is_dir():
             raise StoreError(f"build store {self.where}: the directory {self.root} does not exist; fix "
                              f"BUILDOPS_STORE, or make the store there once with `buildops store init`")
-        try:
-            self._artifacts.mkdir(parents=True, exist_ok=True)
-            self._claims.mkdir(exist_ok=True)
-        except OSError as error:
-            raise StoreError(f"build store {self.where}: cannot make its directories: {error}") from None
+        self._artifacts.mkdir(parents=True, exist_ok=True)
+        self._claims.mkdir(exist_ok=True)
 
-    def _fail(self, what: str, error: OSError) -> StoreError:
-        return StoreError(f"build store {self.where}: {what} failed: {type(error).__name__}: {error}")
+    def _call(self, what: str, request: Callable[..., T], *args: object) -> T:
+        """One request, bounded as a whole by the store's timeout (:func:`.interface.bounded`): a share that hangs
+        (an NFS server gone) turns the store off rather than the start."""
+        return bounded(self.where, what, self._timeout, lambda: request(*args), lambda: None, (OSError,))
 
-    def get(self, key: str, limit: int | None = None) -> bytes | None:
+    def read_into(self, key: str, into: IO[bytes], limit: int | None = None) -> int | None:
         path = self._artifacts / check_key(key)
-        try:
-            size = path.stat().st_size
-            if limit is not None and size > limit:
-                raise TooLarge(size)
-            return path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as error:
-            raise self._fail("get", error) from None
+
+        def read() -> int | None:
+            try:
+                with path.open("rb") as source:
+                    size = os.fstat(source.fileno()).st_size
+                    if limit is not None and size > limit:
+                        raise TooLarge(size)
+                    shutil.copyfileobj(source, into, CHUNK_BYTES)
+                    return size
+            except FileNotFoundError:
+                return None
+
+        return self._call("get", read)
 
     def put(self, key: str, blob: bytes) -> None:
-        try:
-            write_atomically(self._artifacts / check_key(key), blob)  # its temporary name starts with a dot
-        except OSError as error:
-            raise self._fail("put", error) from None
+        path = self._artifacts / check_key(key)
+        self._call("put", write_atomically, path, blob)  # its temporary name starts with a dot
 
     def claim(self, key: str, lease: float) -> Lease | None:
-        path, token = self._claims / check_key(key), secrets.token_hex(16)
+        check_key(key)
+        return self._call("claim", self._claim, key, lease)
+
+    def _claim(self, key: str, lease: float) -> Lease | None:
+        path, token = self._claims / key, secrets.token_hex(16)
         made = self._claims / f".{key}.{token}"
+        # Made whole aside (token and lease end), then linked into place: a claim is never seen half made.
+        made.write_text(token)
+        end = time.time() + lease
+        os.utime(made, (end, end))
+        mark = None
         try:
-            # Made whole aside (token and lease end), then linked into place: a claim is never seen half made.
-            made.write_text(token)
-            end = time.time() + lease
-            os.utime(made, (end, end))
-            mark = None
             try:
-                try:
-                    os.link(made, path)
-                except FileExistsError:
-                    taken, mark = self._take_over(key, path, made)
-                    if not taken:
-                        return None
-            finally:
-                made.unlink(missing_ok=True)
-        except OSError as error:
-            raise self._fail("claim", error) from None
+                os.link(made, path)
+            except FileExistsError:
+                taken, mark = self._take_over(key, path, made)
+                if not taken:
+                    return None
+        finally:
+            made.unlink(missing_ok=True)
         return _FileLease(self, path, token, lease, mark)
 
     def _take_over(self, key: str, path: Path, made: Path) -> tuple[bool, Path | None]:
@@ -132,27 +142,22 @@ class FileStore(BuildStore):
                 mark.unlink(missing_ok=True)
 
     def entries(self) -> Iterator[tuple[str, int]]:
-        try:
-            found = [(p.name, p.stat().st_size) for p in self._artifacts.iterdir() if not p.name.startswith(".")]
-        except OSError as error:
-            raise self._fail("list", error) from None
-        yield from found
+        yield from self._call("list", lambda: [(p.name, p.stat().st_size) for p in self._artifacts.iterdir()
+                                               if not p.name.startswith(".")])
 
     def claims(self) -> int:
-        try:
-            return sum(1 for p in self._claims.iterdir() if not p.name.startswith(".") and not _lapsed(p))
-        except OSError as error:
-            raise self._fail("list", error) from None
+        return self._call("list", lambda: sum(1 for p in self._claims.iterdir()
+                                              if not p.name.startswith(".") and not _lapsed(p)))
 
     def clear(self) -> int:
+        return self._call("clear", self._clear)
+
+    def _clear(self) -> int:
         removed = 0
-        try:
-            for folder in (self._artifacts, self._claims):
-                for path in folder.iterdir():
-                    path.unlink(missing_ok=True)
-                    removed += not path.name.startswith(".")
-        except OSError as error:
-            raise self._fail("clear", error) from None
+        for folder in (self._artifacts, self._claims):
+            for path in folder.iterdir():
+                path.unlink(missing_ok=True)
+                removed += not path.name.startswith(".")
         return removed
 
 
@@ -186,6 +191,9 @@ class _FileLease(Lease):
         return None
 
     def renew(self) -> bool:
+        return self._store._call("renew", self._renew)
+
+    def _renew(self) -> bool:
         try:
             fd = self._open_mine()
             if fd is None:
@@ -200,10 +208,11 @@ class _FileLease(Lease):
             return True
         except FileNotFoundError:
             return False
-        except OSError as error:
-            raise self._store._fail("renew", error) from None
 
     def release(self) -> None:
+        self._store._call("release", self._release)
+
+    def _release(self) -> None:
         try:
             fd = self._open_mine()
             if fd is None:
@@ -220,8 +229,6 @@ class _FileLease(Lease):
                 os.close(fd)
         except FileNotFoundError:
             pass
-        except OSError as error:
-            raise self._store._fail("release", error) from None
         finally:
             if self._mark is not None:
                 self._mark.unlink(missing_ok=True)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+import concurrent.futures
+import io
+import threading
+from collections.abc import Callable, Iterator
+from typing import IO, TypeVar
 
 from .._config import redact_url
 
@@ -11,6 +15,11 @@ __all__ = ["BuildStore", "Lease", "StoreError", "TooLarge", "check_key"]
 
 # Names the store's keys, values and claims share: artifacts are named by their identity (a sha256 in hex).
 KEY_LENGTH = 64
+
+# How much of a value a store reads or copies at a time: a value is never held whole in memory on its way in.
+CHUNK_BYTES = 4 << 20
+
+T = TypeVar("T")
 
 
 class TooLarge(Exception):
@@ -45,8 +54,9 @@ class BuildStore(abc.ABC):
         with ``ValueError``, so that a key can never name a path or a pattern.
       * Every method either returns within the store's timeout or raises :class:`StoreError`; none raises
         anything else for the store being down, slow, full or refusing, and none waits for another node.
-      * ``get`` returns exactly the bytes a ``put`` of that key stored, or None; a value is stored whole or not at
-        all (a reader never sees part of one). The caller verifies it (:mod:`.packing`): a backend does not.
+      * ``read_into`` writes exactly the bytes a ``put`` of that key stored, or returns None; a value is stored
+        whole or not at all. A value replaced while it is read may read mixed: the caller verifies what it read
+        (:mod:`.packing`), a backend does not.
       * ``put`` of a key already present may keep either value: equal keys hold interchangeable artifacts.
       * ``claim`` is exclusive across every node: while one lease on a key is held and renewed, ``claim`` of it
         elsewhere returns None. A lease not renewed for its length lapses, and the key can be claimed again.
@@ -61,9 +71,15 @@ class BuildStore(abc.ABC):
         return redact_url(self.url)
 
     @abc.abstractmethod
+    def read_into(self, key: str, into: IO[bytes], limit: int | None = None) -> int | None:
+        """Write the value of ``key`` into ``into`` a chunk at a time (:data:`CHUNK_BYTES`) and return its size, or
+        None where there is none; :class:`TooLarge`, having read none of it, where it holds more than ``limit``
+        bytes. The whole read is one request, under one deadline."""
+
     def get(self, key: str, limit: int | None = None) -> bytes | None:
-        """The value of ``key``, or None; :class:`TooLarge`, having read none of it, where it holds more than
-        ``limit`` bytes."""
+        """The value of ``key`` in memory, or None (:meth:`read_into` for a value that may be large)."""
+        into = io.BytesIO()
+        return None if self.read_into(key, into, limit) is None else into.getvalue()
 
     @abc.abstractmethod
     def put(self, key: str, blob: bytes) -> None: ...
@@ -94,6 +110,31 @@ class BuildStore(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - most stores hold nothing to let go of
         """Let go of connections and files (a store is usable until then)."""
+
+
+def bounded(where: str, what: str, timeout: float, request: Callable[[], T], on_timeout: Callable[[], None],
+            errors: tuple[type[BaseException], ...]) -> T:
+    """``request()`` bounded as a whole by ``timeout``: a socket's timeout bounds each read only (a link passing a
+    few bytes a second never trips it), and a directory on a hung NFS mount bounds nothing. The request runs on a
+    thread of its own; past the deadline ``on_timeout`` is called (to close connections, which ends it) and the
+    caller gets a :class:`StoreError`, as it does for any of ``errors`` the request raised."""
+    done: concurrent.futures.Future[T] = concurrent.futures.Future()
+    threading.Thread(target=_run, args=(done, request), name="buildops-store-request", daemon=True).start()
+    try:
+        return done.result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        on_timeout()
+        raise StoreError(f"build store {where}: {what} took longer than BUILDOPS_STORE_TIMEOUT ({timeout:g} s)") \
+            from None
+    except errors as error:
+        raise StoreError(f"build store {where}: {what} failed: {type(error).__name__}: {error}") from None
+
+
+def _run(done: concurrent.futures.Future[T], request: Callable[[], T]) -> None:
+    try:
+        done.set_result(request())
+    except BaseException as error:  # noqa: BLE001 - the caller's to raise, as if it had made the request itself
+        done.set_exception(error)
 
 
 def check_key(key: str) -> str:

@@ -7,13 +7,11 @@ first in one Lua script, so a node whose lease lapsed never extends or deletes a
 
 from __future__ import annotations
 
-import concurrent.futures
 import secrets
-import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
-from .interface import BuildStore, Lease, StoreError, TooLarge, check_key
+from .interface import CHUNK_BYTES, BuildStore, Lease, StoreError, TooLarge, bounded, check_key
 
 __all__ = ["RedisStore"]
 
@@ -46,32 +44,25 @@ class RedisStore(BuildStore):
         self._release = self._client.register_script(_RELEASE)
 
     def _call(self, what: str, request: Any, *args: Any) -> Any:
-        """One request, bounded as a whole by the store's timeout: the client's socket timeout bounds each read
-        only, and a link that passes a few bytes a second never trips it. The request runs on a thread of its
-        own; past the deadline the client's connections are closed (which ends it) and the caller gets a
-        :class:`StoreError` saying so."""
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        threading.Thread(target=_run, args=(done, request, args), name="buildops-store-request", daemon=True).start()
-        try:
-            return done.result(timeout=self._timeout)
-        except concurrent.futures.TimeoutError:
-            self._client.connection_pool.disconnect()
-            raise StoreError(f"build store {self.where}: {what} took longer than BUILDOPS_STORE_TIMEOUT "
-                             f"({self._timeout:g} s)") from None
-        except self._errors as error:
-            raise StoreError(f"build store {self.where}: {what} failed: {type(error).__name__}: {error}") from None
+        """One request, bounded as a whole by the store's timeout (:func:`.interface.bounded`); past it the client's
+        connections are closed, which ends the request."""
+        return bounded(self.where, what, self._timeout, lambda: request(*args),
+                       self._client.connection_pool.disconnect, self._errors)
 
-    def get(self, key: str, limit: int | None = None) -> bytes | None:
+    def read_into(self, key: str, into: IO[bytes], limit: int | None = None) -> int | None:
         name = ARTIFACT + check_key(key)
 
-        def get() -> bytes | None:  # one request, under one deadline: the size first, where there is a limit
-            if limit is not None:
-                size = self._client.strlen(name)
-                if size > limit:
-                    raise TooLarge(size)
-            return self._client.get(name)
+        def read() -> int | None:  # the size first, then the value a range at a time, all under one deadline
+            size = self._client.strlen(name)
+            if not size:
+                return None
+            if limit is not None and size > limit:
+                raise TooLarge(size)
+            for start in range(0, size, CHUNK_BYTES):
+                into.write(self._client.getrange(name, start, min(size, start + CHUNK_BYTES) - 1))
+            return size  # a value replaced meanwhile reads mixed, which its verification refuses
 
-        return self._call("get", get)
+        return self._call("get", read)
 
     def put(self, key: str, blob: bytes) -> None:
         self._call("put", self._client.set, ARTIFACT + check_key(key), blob)
@@ -102,13 +93,6 @@ class RedisStore(BuildStore):
 
     def close(self) -> None:
         self._client.close()
-
-
-def _run(done: concurrent.futures.Future[Any], request: Any, args: tuple[Any, ...]) -> None:
-    try:
-        done.set_result(request(*args))
-    except BaseException as error:  # noqa: BLE001 - the caller's to raise, as if it had made the request itself
-        done.set_exception(error)
 
 
 def _sizes(client: Any, names: list[bytes]) -> list[int]:

@@ -21,8 +21,8 @@ class FileArtifact:
 
     def install(self, files: dict[str, bytes]) -> None:
         self.cache.mkdir(parents=True, exist_ok=True)
-        for name, data in files.items():
-            (self.cache / name).write_bytes(data)
+        for name in files:  # one file's bytes in memory at a time, as a fetch streams them
+            (self.cache / name).write_bytes(files[name])
 
     def collect(self):
         path = self.cache / self.name

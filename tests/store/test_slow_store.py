@@ -1,12 +1,14 @@
 """A build store behind a slow link (issue 33, item 3): each request to it is bounded by BUILDOPS_STORE_TIMEOUT as a
 whole, not per read. Redis behind a link passing 1 KiB/s once took ~25 s per fetch with a 2 s timeout, and the
-store was never turned off."""
+store was never turned off; a 512 MiB artifact was read whole into memory (peak 816 MiB)."""
 
 import hashlib
 import logging
+import os
 import socket
 import threading
 import time
+import tracemalloc
 
 import pytest
 
@@ -14,7 +16,7 @@ from buildops import settings
 from buildops._core.builder import Builder
 from buildops.store import StoreError, open_store
 
-from artifacts_for_tests import Node
+from artifacts_for_tests import FileArtifact, Node
 from conftest import WAIT
 
 RATE = 1024  # bytes a second, each way
@@ -134,3 +136,58 @@ def test_an_artifact_over_the_size_cap_is_built_here_unread_and_kept_local(redis
     assert "over BUILDOPS_STORE_MAX_MB" in caplog.text
     builder.shutdown()
     store.close()
+
+
+def test_a_directory_store_that_hangs_is_bounded_by_the_store_timeout(tmp_path):
+    """A share whose server is gone blocks a read forever; a FIFO in the store's place blocks its open the same
+    way. The request ends at BUILDOPS_STORE_TIMEOUT with the StoreError that turns the store off."""
+    store = open_store(f"file://{tmp_path}", timeout=0.5, create=True)
+    key = hashlib.sha256(b"hung").hexdigest()
+    os.mkfifo(tmp_path / "artifacts" / key)
+    outcome = {}
+
+    def fetch():
+        try:
+            store.get(key)
+        except StoreError as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    thread.join(WAIT)
+    assert not thread.is_alive(), "a hung directory store held its reader past the test's wait"
+    assert "BUILDOPS_STORE_TIMEOUT" in str(outcome["error"])
+    with open(tmp_path / "artifacts" / key, "wb"):  # lets the request's own thread go
+        pass
+
+
+@pytest.mark.parametrize("kind", ["file", "redis"])
+def test_a_large_artifact_is_fetched_a_chunk_at_a_time(kind, tmp_path, request):
+    """Two files of 24 MiB: the fetch's peak memory stays near the largest file the install asks for, not the
+    whole blob and a copy of it."""
+    from buildops.store.packing import pack
+
+    url = f"file://{tmp_path / 'store'}" if kind == "file" else request.getfixturevalue("redis_url")
+    store = open_store(url, create=True) if kind == "file" else open_store(url)
+    artifact = FileArtifact("big", tmp_path / "a")
+    half = 24 << 20
+    files = {"big": os.urandom(1 << 20) * 24, "big.debug": os.urandom(1 << 20) * 24}
+    store.put(artifact.identity(), pack(artifact.identity(), files))
+    expected = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    del files
+    store.close()
+
+    node = Node(tmp_path / "b")
+    with settings.scope(store=url, store_timeout=30.0):
+        builder = Builder(threads=1)
+    tracemalloc.start()
+    try:
+        builder.submit(node.build("big"))
+        assert builder.join(timeout=WAIT * 3)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    builder.shutdown()
+    assert node.compiles == [] and builder.store_counts().fetched == 1
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in node.cache.iterdir()} == expected
+    assert peak < 1.5 * half, f"the fetch peaked at {peak / 2**20:.0f} MiB for a 48 MiB artifact"

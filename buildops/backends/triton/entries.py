@@ -19,7 +19,7 @@ import shutil
 import sys
 import threading
 import uuid
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -120,25 +120,25 @@ class TritonEntries(CacheEntries):
             self.run.in_local_cache = True
         return found
 
-    def install(self, files: dict[str, bytes]) -> None:
+    def install(self, files: Mapping[str, bytes]) -> None:
         super().install(files)
         if self.run is not None:
             self.run.in_local_cache = True
 
-    def rejects(self, files: dict[str, bytes]) -> str | None:
+    def rejects(self, files: Mapping[str, bytes]) -> str | None:
         """Why fetched entries must not be loaded here: a binary that is not a whole ELF file (the store's hashes
         were recorded of what its node had), or metadata naming another target than this build's."""
         from .artifacts import elf_problem
 
-        for path, data in files.items():
+        for path in files:  # each file read when checked: fetched files stream from a spool
             entry, _, name = path.partition("/")
             if name.endswith((".cubin", ".hsaco")):
-                problem = elf_problem(data)
+                problem = elf_problem(files[path])
                 if problem is not None:
                     return f"{path}: {problem}"
             elif name.endswith(".json") and not name.startswith(_GROUP_PREFIX):
                 try:
-                    target = json.loads(data).get("target") or {}
+                    target = json.loads(files[path]).get("target") or {}
                 except (ValueError, AttributeError):
                     return f"{path}: metadata that is not a JSON object"
                 built_for = (target.get("backend"), target.get("arch"), target.get("warp_size"))

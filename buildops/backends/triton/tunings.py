@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ class KeptChoice:
     def known_locally(self) -> bool:
         return self.path.is_file()
 
-    def install(self, files: dict[str, bytes]) -> None:
+    def install(self, files: Mapping[str, bytes]) -> None:
         data = files.get(self.path.name)
         if data is not None and not self.path.exists():  # an entry already here is never replaced
             write_atomically(self.path, data)
