@@ -48,12 +48,12 @@ def child(arm: str, workers: int) -> None:
         builds = [b for b in builds if b.library == "triton"][: workers + 1]
         start = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(workers) as threads:
-            list(threads.map(lambda b: b.run(), builds[:workers]))
+            outcomes = list(threads.map(lambda b: b.run(), builds[:workers]))
         first = time.perf_counter() - start
         start = time.perf_counter()
-        builds[workers].run()
+        outcomes.append(builds[workers].run())
         later = time.perf_counter() - start
-        where = {b.run.where for b in builds}
+        where = {o.where for o in outcomes}
     print(json.dumps({"arm": arm, "first": first, "later": later, "where": sorted(map(str, where))}))
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import backends  # noqa: F401 - registers the backends with the core; imports none of their libraries
 from ._config import ConfigError, settings
 from ._core import extensions
-from ._core.build import Build, BuildRecord, BuildState, BuildTimeoutError
+from ._core.build import Build, BuildRecord, BuildState, BuildTimeoutError, Outcome
 from ._core.default import join, shutdown
 from ._core.families import OpFamily, model_configured, model_created, register_family, unregister_family
 from ._core.late import LateCompile, LateCompileError, late_compiles
@@ -77,6 +77,7 @@ __all__ = [
     "Op",
     "OpFamily",
     "OpReport",
+    "Outcome",
     "Report",
     "SpecError",
     "TensorSpec",

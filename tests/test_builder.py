@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 import buildops
-from buildops import Build, BuildState, ConfigError, settings
+from buildops import Build, BuildState, ConfigError, Outcome, settings
 from buildops._core.builder import Builder
 from buildops._core.default import current_builder, default_builder
 
@@ -180,11 +180,9 @@ def test_a_forked_child_gets_a_fresh_builder(runs):
 
 def test_the_report_keeps_every_build_with_when_it_ran_and_how_long_it_waited():
     class WaitsForOthers:
-        waited = 0.0
-
         def __call__(self):
-            self.waited = 0.01
             time.sleep(0.02)
+            return Outcome(waited=0.01)
 
     before = time.perf_counter()
     default_builder().submit(Build("op", "key", WaitsForOthers()))
@@ -406,7 +404,8 @@ def test_a_given_up_build_is_abandoned_so_a_worker_process_stuck_in_it_stops(cap
         # loaded machine takes to start one (it once ran out while the pool still started)
         assert pool.run("warm", pool_tasks.slow, 0) == 0
         with settings.scope(build_timeout=1.0):
-            future = builder.submit(Build("op", "stuck", StuckInAWorker()))
+            run = StuckInAWorker()
+            future = builder.submit(Build("op", "stuck", run, abandon=run.abandon))
             with pytest.raises(buildops.BuildTimeoutError):
                 future.result(WAIT * 6)
         threads = [t for t in threading.enumerate() if t.name == "buildops-worker-0" and t not in builder._workers]
@@ -523,7 +522,8 @@ def test_an_abandon_that_blocks_does_not_hold_up_the_watchdog(runs):
 
     builder = Builder(threads=2)
     with settings.scope(build_timeout=0.2):
-        first = builder.submit(Build("op", "first", BlocksWhenAbandoned()))
+        run = BlocksWhenAbandoned()
+        first = builder.submit(Build("op", "first", run, abandon=run.abandon))
     with settings.scope(build_timeout=0.6):
         second = builder.submit(runs.build("op", "second", gate=gate))
     with pytest.raises(buildops.BuildTimeoutError):

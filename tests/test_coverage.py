@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import buildops
-from buildops import Build, BuildConfig, BuildState, DynamicSpec, build_pass, lists_kernels, report, settings
+from buildops import Build, BuildConfig, BuildState, DynamicSpec, Outcome, build_pass, lists_kernels, report, settings
 from buildops._core.passes import listed_nothing
 from buildops.reporting import Coverage, ListedNothing
 from buildops.testing import record_listings, reset
@@ -118,7 +118,7 @@ class Says:
         self.cached, self.skipped = cached, skipped
 
     def __call__(self):
-        return None
+        return Outcome(cached=self.cached, skipped=self.skipped)
 
 
 def test_the_report_splits_prebuilt_builds_by_what_their_runs_said():
@@ -149,9 +149,8 @@ def test_the_report_splits_prebuilt_builds_by_what_their_runs_said():
 def test_a_failed_build_says_nothing_of_its_cache():
     run = Says(cached=True)
 
-    def fail():
+    def fail():  # a run that raises returns no outcome: the report says nothing of its cache
         raise RuntimeError("compiler crashed")
-    fail.cached = True
     builder = buildops._core.default.default_builder()
     builder.submit(Build("op", "fails", fail, library="lib")).exception(WAIT)
     builder.submit(Build("op", "built", run, library="lib")).result(WAIT)
@@ -254,7 +253,6 @@ def test_a_triton_build_run_by_hand_says_what_it_did(fresh_triton):
     [build] = bt.triton_builds("add", K.add_kernel, x, x, x, 32, BLOCK=128)
     K.add_kernel.device_caches.clear()
     with settings.scope(executor="threads"):
-        build.run()
-        assert (build.run.cached, build.run.skipped) == (False, None)
-        build.run()  # in memory now
-        assert build.run.cached is True
+        outcome = build.run()
+        assert (outcome.cached, outcome.skipped) == (False, None)
+        assert build.run().cached is True  # in memory now

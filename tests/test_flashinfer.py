@@ -96,7 +96,7 @@ def test_two_processes_building_one_module_build_it_once(flashinfer_env, tmp_pat
         from flashinfer.jit.activation import gen_act_and_mul_module
         from buildops.backends.flashinfer import module_builds
         [build] = module_builds("gelu", [gen_act_and_mul_module("gelu_tanh")])
-        print(build.run())
+        print(build.run().value)
     """)
     processes = [subprocess.Popen([sys.executable, "-c", build], env=env, stdout=subprocess.PIPE, text=True)
                  for _ in range(2)]

@@ -187,7 +187,7 @@ def test_an_autotuning_build_runs_the_tuner_on_zeros_shaped_like_the_launch(monk
 
     tune = autotune._TuneRun(K.scale_kernel, (6, "torch.float32"), (autotune._Layout(x), x.shape[0], 7),
                              {"scale": autotune._Layout(scale), "grid": (1,)}, [], torch.device("cpu"), tuner_run)
-    assert tune() == "best"
+    assert tune().value == "best"
     (args, kwargs), = seen
     assert (args[0].shape, args[0].stride(), args[0].storage_offset()) == ((6, 32), (64, 2), 128)
     assert args[0].count_nonzero() == 0 and not isinstance(args[0], FakeTensor)
@@ -359,7 +359,8 @@ def test_a_worker_builds_a_kernel_from_its_source_without_importing_its_module(t
         with settings.scope(executor="processes", threads=1):
             buildops._core.default.default_builder().submit(build).result(WAIT * 6)
         assert parent_compiles == [False]  # a worker compiled it: the parent's own warmup was a disk-cache hit
-        assert build.run.where is None and build.run.cached is False
+        [record] = report().builds
+        assert record.where is None and record.cached is False
         assert (tmp_path / "imported_by").read_text().split() == [str(os.getpid())]  # by no worker
     finally:
         del sys.modules["noted_kernels"]
@@ -386,7 +387,8 @@ def test_a_kernel_whose_source_cannot_travel_is_built_where_it_can_and_the_repor
         with settings.scope(executor="processes", threads=1):
             buildops._core.default.default_builder().submit(build).result(WAIT * 6)
         assert parent_compiles == [True]  # compiled here, in the builder's thread
-        where = build.run.where
+        [record] = report().builds
+        where = record.where
         assert where.startswith("this process (") and "reads MODE" in where and "import" in where
         [line] = [text for text in report().format().splitlines() if "compiled in" in text]
         assert line.startswith("triton: 1 build(s) compiled in this process (") and "reads MODE" in line
@@ -614,6 +616,6 @@ def test_a_kernel_file_changed_after_import_is_built_here_and_the_report_says_wh
     x = torch.zeros(64)
     [build] = bt.triton_builds("scale", module.scale, x, 64, BLOCK=64)
     with settings.scope(executor="processes"), caplog.at_level(logging.WARNING, logger="buildops"):
-        build.run()
-    assert "its file changed since; built in this process" in caplog.text, getattr(build.run, "where", None)
-    assert "a worker imported other source" in build.run.where
+        outcome = build.run()
+    assert "its file changed since; built in this process" in caplog.text, outcome.where
+    assert "a worker imported other source" in outcome.where

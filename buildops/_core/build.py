@@ -10,7 +10,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Artifact", "Build", "BuildRecord", "BuildState", "BuildTimeoutError", "OpStats"]
+__all__ = ["Artifact", "Build", "BuildRecord", "BuildState", "BuildTimeoutError", "OpStats", "Outcome", "outcome_of"]
 
 
 class Artifact(Protocol):
@@ -66,25 +66,16 @@ class Build:
       * ``loads_only`` is true when the only GPU step of a ``uses_gpu`` build is loading what it compiled (a
         module load: no work launched, no memory taken beyond the module's). A CUDA graph capture still waits for
         it; the startup recipe's ready does not (:func:`buildops.startup.rehearse_then_load`).
-      * ``run`` may have a ``waited`` attribute: the seconds its call spent waiting for other builds (an
-        autotuning for its compiles), which reports count apart from its own time.
-      * ``run`` may have a ``cached`` attribute (``bool | None``), set by the call when it returns: True if the
-        artifact was already in the library's cache (disk or memory) and nothing compiled, False if the call
-        compiled it, None (or absent) if the run cannot tell. Reports split prebuilt builds by it.
-      * ``run`` may have a ``skipped`` attribute (``str | None``), set by the call when it returns: the reason
-        it had nothing to compile (e.g. Triton's interpreter mode runs kernels uncompiled), or None. A skipped
-        build is counted as skipped with its reason, not as prebuilt.
-      * ``run`` may have a ``where`` attribute (``str | None``), set by the call when it returns: where it
-        compiled and why, when that is not where the library's builds go by default (e.g. "this process (...)"
-        for a Triton kernel that could not go to a worker process), or None. Reports count builds by it.
+      * ``run`` returns an :class:`Outcome` saying what it did (found cached, skipped, where, time spent waiting
+        for other builds), or any other value, which says nothing more (``Outcome(value=...)``).
       * ``serial`` builds time GPU work (autotuning) one at a time. They only refine: the library runs without
         their result meanwhile, so a serving call never waits for one, and a start is ready without those of the
         shapes its rehearsal did not call.
       * ``after`` (serial builds only) names the keys of normal builds this one needs done: the serial worker
         runs it once they are (keys never submitted, or cancelled, count as done). ``run`` need not wait itself.
-      * ``run`` may have an ``abandon()`` method: called once, on the watchdog's thread and under no lock, when
-        the build is given up as timed out, to stop what can be stopped (a worker process stuck in it), so that
-        the run returns or raises soon. Its outcome is dropped either way.
+      * ``abandon`` (optional) is called once, on a thread of its own and under no lock, when the build is given
+        up as timed out, to stop what can be stopped (a worker process stuck in it), so that ``run`` returns or
+        raises soon. Its outcome is dropped either way.
     """
 
     op: str
@@ -98,6 +89,7 @@ class Build:
     serial: bool = False  # one at a time, on the builder's serial worker (builds that time GPU work); see the contract
     after: tuple[Hashable, ...] = ()  # serial builds: keys of the normal builds to wait for (see the contract)
     artifact: Artifact | None = None  # shared through the build store, where one is set (see Artifact)
+    abandon: Callable[[], None] | None = None  # stops a run given up as timed out (see the contract)
 
     def __post_init__(self) -> None:
         if self.after and not self.serial:
@@ -111,6 +103,31 @@ class Build:
             return repr(self.key)
         except Exception:  # noqa: BLE001 - a key whose repr raises still gets logged and given up
             return f"<{type(self.key).__name__} key>"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a build's run says of itself when it returns (the :class:`Build` contract).
+
+    ``value`` is kept on the build's future. ``cached``: True if the artifact was already in the library's cache
+    (disk or memory) and nothing compiled, False if the run compiled it, None if it cannot tell; reports split
+    prebuilt builds by it. ``skipped``: why it had nothing to compile (Triton's interpreter runs kernels
+    uncompiled), or None; a skipped build counts as skipped, not prebuilt. ``where``: where it compiled and why,
+    when not where its library's builds go by default ("this process (...)" for a Triton kernel that could not go
+    to a worker process), or None; reports count builds by it. ``waited``: the seconds it spent waiting for other
+    builds (an autotuning for its compiles), which reports count apart from its own time.
+    """
+
+    value: Any = None
+    cached: bool | None = None
+    skipped: str | None = None
+    where: str | None = None
+    waited: float = 0.0
+
+
+def outcome_of(returned: Any) -> Outcome:
+    """A run's return value as an :class:`Outcome` (a plain value says nothing more than itself)."""
+    return returned if isinstance(returned, Outcome) else Outcome(value=returned)
 
 
 class BuildTimeoutError(RuntimeError):
@@ -145,10 +162,7 @@ class OpStats:
 class BuildRecord:
     """One build as the builder saw it: ``seconds`` its run took (0 until it ends), ``waited`` of those spent
     waiting for other builds, ``started`` the ``time.perf_counter()`` at which its run began (None if it never
-    ran). For a built build, ``cached`` and ``skipped`` are what its run said (the :class:`Build` contract),
-    taken from the run when the record is made unless given: ``cached`` True if the artifact was found already
-    in the library's cache, False if it compiled, None if unknown; ``skipped`` the reason it had nothing to
-    compile, or None; ``where`` where it compiled, if not where its library's builds go by default, or None;
+    ran). For a built build, ``cached``, ``skipped`` and ``where`` are what its run's :class:`Outcome` said;
     ``origin`` "store" where its artifact came from the build store, else None."""
 
     build: Build
@@ -161,20 +175,6 @@ class BuildRecord:
     skipped: str | None = None
     where: str | None = None
     origin: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.state is not BuildState.BUILT:
-            return
-        run = self.build.run
-        if self.cached is None:
-            cached = getattr(run, "cached", None)
-            object.__setattr__(self, "cached", cached if isinstance(cached, bool) else None)
-        if self.skipped is None:
-            skipped = getattr(run, "skipped", None)
-            object.__setattr__(self, "skipped", str(skipped) if skipped else None)
-        if self.where is None:
-            where = getattr(run, "where", None)
-            object.__setattr__(self, "where", str(where) if where else None)
 
 
 @dataclass(eq=False)
@@ -203,3 +203,4 @@ class Record:
     held_elsewhere_since: float | None = None  # time.monotonic() when another node first held its key in the store
     outwaited: bool = False  # built here after another node held its key past BUILDOPS_BUILD_TIMEOUT
     origin: str | None = None  # "store": its artifact was fetched from the build store
+    outcome: Outcome | None = None  # what its run returned, once it returned

@@ -42,7 +42,7 @@ from .._runtime import gil
 from .._runtime.node import node_claims
 from .._runtime.turns import urgency
 from . import extensions
-from .build import Build, BuildRecord, BuildState, BuildTimeoutError, OpStats, Record
+from .build import Build, BuildRecord, BuildState, BuildTimeoutError, OpStats, Outcome, Record, outcome_of
 from .claims import claim, release
 from .lanes import Lanes
 from .serial import SerialQueue
@@ -208,17 +208,18 @@ class Builder:
                 self._watchdog.watch_locked(record)
         try:
             with urgency(lambda: record.urgent):
-                result = record.build.run()
+                outcome = outcome_of(record.build.run())
         except BaseException as exc:  # noqa: BLE001 - a failed build's op compiles on first use; _finish logs it
             if self._finish(record, time.perf_counter() - start, exc):
                 record.future.set_exception(exc)
         else:
             if sharing is not None:  # stored before anyone learns it is built: a process may end once it is
                 sharing.after_build(record)
-            if self._finish(record, time.perf_counter() - start, None):
-                record.future.set_result(result)
+            if self._finish(record, time.perf_counter() - start, None, outcome):
+                record.future.set_result(outcome.value)
 
-    def _finish(self, record: Record, seconds: float, error: BaseException | None) -> bool:
+    def _finish(self, record: Record, seconds: float, error: BaseException | None,
+                outcome: Outcome | None = None) -> bool:
         """Count the run's outcome; False if the build was given up meanwhile (its future has its outcome)."""
         with self._lock:
             self._busy -= 1
@@ -233,6 +234,7 @@ class Builder:
             self._serial_changed.notify_all()  # a serial build may have been waiting for this one
             record.seconds = seconds
             record.error = error
+            record.outcome = outcome
             record.state = BuildState.FAILED if error is not None else BuildState.BUILT
             stats = self._stats.setdefault(record.build.op, OpStats())
             stats.build_seconds += seconds
@@ -403,8 +405,7 @@ class Builder:
         return {op: replace(s) for op, s in self._stats.items()}
 
     def _copy_history(self) -> list[BuildRecord]:
-        return [BuildRecord(r.build, r.state, r.seconds, getattr(r.build.run, "waited", 0.0), r.started, r.error,
-                            origin=r.origin) for r in self._history]
+        return [_copied(r, r.outcome or Outcome()) for r in self._history]
 
     def store_counts(self) -> StoreCounts | None:
         """What this builder's builds took from and gave to the build store; None without one."""
@@ -475,3 +476,8 @@ _thread_role = threading.local()
 def on_builder_thread() -> bool:
     """True on a builder's worker thread (compiles there are builds, not late compiles)."""
     return getattr(_thread_role, "builder", False)
+
+
+def _copied(record: Record, outcome: Outcome) -> BuildRecord:
+    return BuildRecord(record.build, record.state, record.seconds, outcome.waited, record.started, record.error,
+                       outcome.cached, outcome.skipped, outcome.where, record.origin)

@@ -134,9 +134,9 @@ def stuck_gpu_builds() -> list[Build]:
 
 
 def abandon(build: Build) -> None:
-    """Call a given-up build's ``run.abandon()``, if it has one (see :class:`~.build.Build`), on a thread of its
+    """Call a given-up build's ``abandon``, if it has one (see :class:`~.build.Build`), on a thread of its
     own: it may block, and the watchdog must not."""
-    stop = getattr(build.run, "abandon", None)
+    stop = build.abandon
     if stop is not None:
         threading.Thread(target=_abandon, args=(build, stop), name="buildops-abandon", daemon=True).start()
 

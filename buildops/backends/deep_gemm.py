@@ -255,7 +255,7 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
         run = _GemmRun(module, shape, ms, str(device), op, knobs)
         artifact = DeepGemmEntries(key, module, str(device), run)
         builds[key] = Build(op, key, run, uses_gpu=device.type == "cuda", label=label, library="deep_gemm",
-                            artifact=artifact)
+                            artifact=artifact, abandon=run.abandon)
     return list(builds.values())
 
 

@@ -30,7 +30,7 @@ from typing import Any
 from filelock import FileLock
 
 from .._config import settings
-from .._core.build import Build
+from .._core.build import Build, Outcome
 from .._core.builder import on_builder_thread
 from .._core.late import LateCompile, caller, record
 from .._runtime.forking import forget_in_child
@@ -80,21 +80,19 @@ def _build_slots() -> threading.BoundedSemaphore:
 
 
 class _ModuleBuild:
-    """A build's run: ``JitSpec.build`` under FlashInfer's lock for the module; returns the library's path.
-    ``cached`` (the ``Build`` contract) is True when the library was there before and the build left it as it was:
-    built earlier, or installed from the build store."""
+    """A build's run: ``JitSpec.build`` under FlashInfer's lock for the module; its outcome holds the library's
+    path, and ``cached`` True when the library was there before and the build left it as it was: built earlier, or
+    installed from the build store."""
 
     def __init__(self, spec) -> None:
         self.spec = spec
-        self.cached: bool | None = None
 
-    def __call__(self) -> Path:
+    def __call__(self) -> Outcome:
         library = Path(self.spec.jit_library_path)
         with _build_slots(), FileLock(self.spec.lock_path, thread_local=False):
             before = _mtime(library)
             self.spec.build(verbose=False)
-            self.cached = before is not None and _mtime(library) == before
-        return library
+            return Outcome(library, cached=before is not None and _mtime(library) == before)
 
 
 def module_builds(op: str, specs: Iterable) -> list[Build]:

@@ -34,8 +34,7 @@ def build(block=128):
     K.add_kernel.device_caches.clear()
     x = torch.zeros(64)
     [one] = bt.triton_builds("add", K.add_kernel, x, x, x, 32, BLOCK=block)
-    one.run()
-    return one.run
+    return one.run()
 
 
 def snapshot(root):
@@ -131,10 +130,10 @@ def test_a_worker_process_rebuilds_a_bad_entry(cache):
     cubin.write_bytes(whole[:10])
     try:
         with settings.scope(executor="processes", threads=1):
-            run = build()
+            outcome = build()
     finally:
         triton_workers.stop_workers()
-    assert run.cached is False and cubin.read_bytes() == whole
+    assert outcome.cached is False and cubin.read_bytes() == whole
 
 
 def test_entries_outside_builds_are_left_to_triton(cache):

@@ -17,7 +17,7 @@ import torch
 from triton.runtime.autotuner import Autotuner
 
 from ..._config import settings
-from ..._core.build import Build
+from ..._core.build import Build, Outcome
 from ..._core.default import current_builder
 from ..._core.specs import TensorSpec
 from ..._runtime.gpu import run_admitted
@@ -110,20 +110,17 @@ class _TuneRun:
                  device: torch.device, run: Any) -> None:
         self.tuner, self.key, self.layouts, self.kwargs, self.compiles = tuner, key, layouts, kwargs, compiles
         self.device, self.run = device, run
-        self.waited = 0.0
-        self.cached: bool | None = None
 
-    def __call__(self) -> Any:
+    def __call__(self) -> Outcome:
         chosen_before = known(self.tuner, self.key)  # kept by an earlier process since this build was listed
         if chosen_before is not None:
-            self.cached = True
-            return chosen_before
+            return Outcome(chosen_before, cached=True)
         builder = current_builder()  # None when a test runs the build by hand: nothing to wait for
         futures = (builder.future(k) for k in self.compiles) if builder is not None else ()
         compiles = [f for f in futures if f is not None]
         waiting = time.perf_counter()
         concurrent.futures.wait(compiles, timeout=COMPILE_WAIT_SECONDS)
-        self.waited = time.perf_counter() - waiting  # of the build's seconds, those spent on others' compiles
+        waited = time.perf_counter() - waiting  # of the build's seconds, those spent on others' compiles
         tensors = [a for a in (*self.layouts, *self.kwargs.values()) if isinstance(a, _Layout)]
 
         def real(value: Any) -> Any:
@@ -144,5 +141,4 @@ class _TuneRun:
                          f"autotuning of {self.tuner.base_fn.__name__}")
         choice = self.tuner.cache.get(self.key, chosen[0])
         keep(self.tuner, self.key, choice)
-        self.cached = False
-        return choice
+        return Outcome(choice, cached=False, waited=waited)

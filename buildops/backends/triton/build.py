@@ -19,6 +19,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from ..._config import triton_executor
+from ..._core.build import Outcome
 from ..._runtime import children
 from ..._runtime.forking import forget_in_child
 from . import entries, worker
@@ -64,8 +65,9 @@ def hash_triton_install() -> None:
 class WarmupRun:
     """A build's run: ``JITFunction.warmup`` with the recorded launch's arguments; on a GPU, also load the module.
 
-    Once it returns, ``cached`` (the ``Build`` contract) says whether the variant compiled (False) or was in
-    Triton's cache already (True), as the worker process or, without one, this thread's compile saw it.
+    Its :class:`Outcome` holds the compiled kernel, whether the variant compiled (``cached`` False) or was in
+    Triton's cache already (True), as the worker process or, without one, this thread's compile saw it, and where
+    it compiled when not in a worker from source.
     """
 
     def __init__(self, jit: JITFunction, args: tuple, kwargs: dict, device: int, the_target: GPUTarget) -> None:
@@ -73,9 +75,6 @@ class WarmupRun:
         self.given_up = threading.Event()
         self._in_worker = False
         self._started: children.Started | None = None  # the processes this run's thread started, while it runs
-        self.cached: bool | None = None
-        self.skipped: str | None = None
-        self.where: str | None = None
         self.entries: set[str] = set()  # the Triton cache entries its last call opened (for the build store)
         self.in_local_cache = False  # set by the build store's sharing: its entries are in the local cache
 
@@ -121,7 +120,7 @@ class WarmupRun:
         if started is not None:
             children.kill_started(started)
 
-    def __call__(self) -> Any:
+    def __call__(self) -> Outcome:
         with children.building() as started, entries.collecting() as opened:
             self._started = started
             try:
@@ -130,12 +129,13 @@ class WarmupRun:
                 self._started = None
                 self.entries = opened
 
-    def _build(self) -> Any:
+    def _build(self) -> Outcome:
         compiled: bool | None = None  # by a worker process: None where none compiled it
+        where: str | None = None
         if triton_executor() == "processes" and not self.in_local_cache:
             self._in_worker = True
             try:
-                compiled, self.where = self._compile_in_worker()
+                compiled, where = self._compile_in_worker()
             finally:
                 self._in_worker = False
         # Only after the worker's compile, which did not need this process's hash of the install.
@@ -144,18 +144,16 @@ class WarmupRun:
             if compile_only():
                 with worker.watching_compiles() as compiles:
                     kernel = worker.warmup(self.jit, self.args, self.kwargs)
-                self.cached = self._cached(compiled, compiles)
-                return kernel
+                return Outcome(kernel, cached=self._cached(compiled, compiles), where=where)
             with torch.cuda.device(self.device):
                 with worker.watching_compiles() as compiles:
                     kernel = worker.warmup(self.jit, self.args, self.kwargs)
-                self.cached = self._cached(compiled, compiles)
                 _make_launcher(kernel)
                 # One load at a time: loads contending for the driver only slow each other
                 # (docs/decisions/0015-launchers-once-per-signature.md).
                 with _load_lock:
                     kernel._init_handles()
-            return kernel
+            return Outcome(kernel, cached=self._cached(compiled, compiles), where=where)
 
     @staticmethod
     def _cached(compiled_in_worker: bool | None, compiles: list[bool | None]) -> bool | None:

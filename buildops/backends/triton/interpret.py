@@ -17,6 +17,7 @@ from typing import Any
 
 from triton.runtime.jit import JITFunction
 
+from ..._core.build import Outcome
 from ..._runtime.forking import forget_in_child
 from ..._runtime.patching import Patch
 
@@ -70,13 +71,8 @@ def twin(kernel: Any) -> JITFunction:
 class InterpretedRun:
     """The run of an interpreted kernel's build: there is nothing to compile, and it says so."""
 
-    def __init__(self) -> None:
-        self.skipped: str | None = None
-        self.cached: bool | None = None
-
-    def __call__(self) -> str:
-        self.skipped = NOTHING_TO_COMPILE
-        return NOTHING_TO_COMPILE
+    def __call__(self) -> Outcome:
+        return Outcome(NOTHING_TO_COMPILE, skipped=NOTHING_TO_COMPILE)
 
 
 _patch: Patch | None = None

@@ -15,7 +15,7 @@ import platform
 import sys
 from typing import Any
 
-from ..._core.build import Build
+from ..._core.build import Build, Outcome
 from .build import WarmupRun, importable_reference
 from .entries import TritonEntries
 from .pool import workers
@@ -77,16 +77,15 @@ class PrebuildRun:
                  expected_key: str | None = None) -> None:
         self.label, self.kernel, self.args, self.kwargs, self.target = label, kernel, args, kwargs, target
         self.expected_key = expected_key  # the kernel's source hash where the manifest was saved
-        self.cached: bool | None = None
         self.entries: set[str] = set()
 
-    def __call__(self) -> None:
+    def __call__(self) -> Outcome:
         from triton import knobs
 
         compiled, used = workers.run(self.label, prebuild, self.kernel, self.args, self.kwargs, knobs.cache.dir,
                                      self.target, self.expected_key)
-        self.cached = None if compiled is None else not compiled
         self.entries = set(used)
+        return Outcome(cached=None if compiled is None else not compiled)
 
 
 def prebuild_build(item: dict[str, Any]) -> Build | str:

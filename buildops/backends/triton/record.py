@@ -110,7 +110,7 @@ class _Recording:
         run = WarmupRun(jit, stand_ins, kwargs, device, the_target)
         entries = TritonEntries(key, (the_target.backend, the_target.arch, the_target.warp_size), run)
         build = Build(self.op, key, run, uses_gpu=not compile_only(), loads_only=True, label=label,
-                      library="triton", artifact=entries)
+                      library="triton", artifact=entries, abandon=run.abandon)
         self.builds.append(build)
         return PendingKernel(build, jit, stand_ins, kwargs, device)
 
