@@ -26,8 +26,8 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar, cast, overload
 
-__all__ = ["ConfigError", "Setting", "cpu_share", "default_workers", "forget_logged", "markdown_table", "origin",
-           "read_or_default", "settings", "triton_executor"]
+__all__ = ["ConfigError", "Setting", "as_env", "cpu_share", "declared", "default_workers", "forget_logged",
+           "markdown_table", "origin", "read_or_default", "settings", "triton_executor"]
 
 logger = logging.getLogger("buildops")
 
@@ -330,17 +330,17 @@ class _Settings:
 
     if not TYPE_CHECKING:  # hidden from type checkers, so that they report a misspelt setting themselves
         def __getattr__(self, name: str) -> NoReturn:
-            raise AttributeError(f"buildops has no setting {name!r}; known: {', '.join(sorted(_declared()))}")
+            raise AttributeError(f"buildops has no setting {name!r}; known: {', '.join(sorted(declared()))}")
 
     def describe(self) -> dict[str, str]:
         """Each setting's variable and what it does, for docs and ``--help`` texts."""
-        return {setting.env: setting.doc for setting in _declared().values()}
+        return {setting.env: setting.doc for setting in declared().values()}
 
     def validate(self, *names: str) -> None:
         """Read the named settings (every one without names), so that bad values raise here: one
         :class:`ConfigError` naming each bad variable, its value and what was expected."""
         errors = []
-        for name in names or _declared():
+        for name in names or declared():
             try:
                 _declaration(name, f"settings.validate({name!r})").__get__(self)
             except ConfigError as error:
@@ -357,7 +357,7 @@ class _Settings:
         settings it named: scopes on other settings, in other threads, are left as they are.
         """
         parsed = {  # what the environment would give: "0" is False
-            name: _declaration(name, f"settings.scope({name}=...)").parse(_as_env(value))
+            name: _declaration(name, f"settings.scope({name}=...)").parse(as_env(value))
             for name, value in overrides.items()
         }
         with self._lock:
@@ -374,7 +374,7 @@ class _Settings:
                         self._overrides[name] = value
 
 
-def _declared() -> dict[str, Setting[Any]]:
+def declared() -> dict[str, Setting[Any]]:
     """The settings by attribute name, in the order they are declared."""
     return {name: value for name, value in vars(_Settings).items() if isinstance(value, Setting)}
 
@@ -390,13 +390,13 @@ def origin(name: str) -> Literal["scope", "env", "default"]:
 
 
 def _declaration(name: str, where: str) -> Setting[Any]:
-    declared = _declared()
-    if name not in declared:
-        raise ConfigError(f"{where}: unknown setting; known: {', '.join(sorted(declared))}")
-    return declared[name]
+    known = declared()
+    if name not in known:
+        raise ConfigError(f"{where}: unknown setting; known: {', '.join(sorted(known))}")
+    return known[name]
 
 
-def _as_env(value: object) -> str:
+def as_env(value: object) -> str:
     """How a Python value reads as an environment value: for scope's validation and the docs' defaults."""
     if isinstance(value, bool):
         return str(int(value))
@@ -409,8 +409,8 @@ def markdown_table() -> str:
     """The settings as a markdown table, ``| variable | type | default | meaning |``, one row each in declaration
     order. The type column says what a value may be; a computed default is said in words."""
     rows = ["| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for setting in _declared().values():
-        default = setting.default_doc or f"`{_as_env(setting.default())}`"
+    for setting in declared().values():
+        default = setting.default_doc or f"`{as_env(setting.default())}`"
         cells = (f"`{setting.env}`", setting.expected, default, setting.doc)
         rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(rows) + "\n"
@@ -444,5 +444,5 @@ def read_or_default(setting: Setting[T]) -> T:
         default = setting.default()
         marker = object()
         if _logged.setdefault((setting.env, os.environ.get(setting.env, "")), marker) is marker:
-            logger.warning("buildops: %s; using the default, %s", error, _as_env(default) or "unset")
+            logger.warning("buildops: %s; using the default, %s", error, as_env(default) or "unset")
         return default

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._config import ConfigError, _declared, origin, redact_url, settings
+from ._config import ConfigError, declared, origin, redact_url, settings
 from ._runtime.node import lock_directory
 
 __all__ = ["STORE_VARIABLE", "diagnose", "redact_url"]
@@ -192,7 +192,7 @@ def settings_found() -> dict[str, dict[str, Any]]:
     its ``value`` (JSON-able: a tuple as a list; a password in a URL as ``***``) or, for a bad one, the
     :class:`ConfigError` text as ``error``."""
     found = {}
-    for name, setting in _declared().items():
+    for name, setting in declared().items():
         entry: dict[str, Any] = {"env": setting.env, "source": origin(name)}
         try:
             value = setting.__get__(settings)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
-from ._config import ConfigError, _as_env, settings
+from ._config import ConfigError, as_env, settings
 from .reporting import describe_store, format_report, load_report
 
 if TYPE_CHECKING:
@@ -208,7 +208,7 @@ def _settings_lines(found: dict[str, dict[str, Any]]) -> list[str]:
 
 def _as_text(value: object) -> str:
     """A setting's value as its variable would say it; the empty default as ``''``."""
-    return _as_env(value) or "''"
+    return as_env(value) or "''"
 
 
 def _store_line(store: dict[str, Any]) -> str:

@@ -14,8 +14,8 @@ from torch import nn
 
 import buildops
 from buildops import BuildConfig, DynamicSpec, build_pass, lists_kernels, rehearsal
-from buildops._core.ops import _Op
-from buildops._core.passes import _in_pass
+from buildops._core.ops import OpCore
+from buildops._core.passes import in_pass as in_pass_mark
 from buildops.testing import record_listings
 
 from conftest import WAIT
@@ -39,11 +39,11 @@ class Scale(nn.Module):
 
 
 def wrapper_calls(call):
-    """How many times ``call()`` entered an op's wrapper (``_Op.call``), on this thread."""
+    """How many times ``call()`` entered an op's wrapper (``OpCore.call``), on this thread."""
     entered = []
 
     def profile(frame, event, _arg):
-        if event == "call" and frame.f_code is _Op.call.__code__:
+        if event == "call" and frame.f_code is OpCore.call.__code__:
             entered.append(frame)
 
     before = sys.getprofile()
@@ -57,7 +57,7 @@ def wrapper_calls(call):
 
 def in_pass():
     """Whether this context is marked as in a pass (what the op wrappers check first)."""
-    return _in_pass.get(False)
+    return in_pass_mark.get(False)
 
 
 def test_outside_passes_with_nothing_pending_no_call_enters_the_wrapper(runs):
@@ -144,7 +144,7 @@ def test_pending_builds_send_their_own_ops_calls_through_the_wrapper_until_they_
     try:
         with rehearsal("startup"):
             op(torch.ones(2, 3))
-        assert runs.started.wait(WAIT) and op._self_op.pending
+        assert runs.started.wait(WAIT) and op._self_op.pending.futures
         assert wrapper_calls(lambda: other(torch.ones(2, 3))) == 0  # nothing of its own pending
         waited = {}
         thread = threading.Thread(target=lambda: waited.setdefault("out", op(torch.ones(4, 3))))
@@ -155,7 +155,7 @@ def test_pending_builds_send_their_own_ops_calls_through_the_wrapper_until_they_
         gate.set()
     thread.join(WAIT)
     assert torch.equal(waited["out"], torch.full((4, 3), 2.0))
-    assert buildops.join(timeout=WAIT) and not op._self_op.pending
+    assert buildops.join(timeout=WAIT) and not op._self_op.pending.futures
     assert wrapper_calls(lambda: op(torch.ones(2, 3))) == 0
 
 
@@ -164,10 +164,10 @@ def test_after_a_shutdown_forgot_pending_builds_new_ones_are_waited_for(runs):
     op = op_listing(runs, gate=first)
     with rehearsal("startup"):
         op(torch.ones(2, 3))
-    assert runs.started.wait(WAIT) and op._self_op.pending
+    assert runs.started.wait(WAIT) and op._self_op.pending.futures
     first.set()
     buildops.shutdown(wait=True, timeout=WAIT)
-    assert not op._self_op.pending and wrapper_calls(lambda: op(torch.ones(2, 3))) == 0
+    assert not op._self_op.pending.futures and wrapper_calls(lambda: op(torch.ones(2, 3))) == 0
 
     runs.started.clear()
     op.lister(lambda x: [runs.build("op", ("again", x.shape[1]), gate=second)])

@@ -13,7 +13,7 @@ import torch
 
 import buildops
 from buildops import Build, BuildConfig, DynamicSpec, LateCompile, Outcome, build_pass, lists_kernels, report, settings
-from buildops._config import _declared, redact_url
+from buildops._config import declared, redact_url
 from buildops.cli import main
 from buildops.reporting import ListedNothing, OpReport, Report, load_report
 from buildops.store import open_store
@@ -241,7 +241,7 @@ def test_python_m_buildops_doctor_json(tmp_path):
     assert found["versions"]["torch"] == torch.__version__
     assert set(found["versions"]) == {"python", "buildops", "torch", "triton", "flashinfer", "deep_gemm", "redis"}
     assert found["cuda"]["available"] == torch.cuda.is_available()
-    assert set(found["settings"]) == set(_declared())
+    assert set(found["settings"]) == set(declared())
     assert found["settings"]["threads"] == {"env": "BUILDOPS_THREADS", "source": "env", "value": 3}
     assert found["settings"]["late_compile"] == {"env": "BUILDOPS_LATE_COMPILE", "source": "default",
                                                  "value": "warn"}

@@ -113,7 +113,7 @@ def test_op_outside_a_pass_waits_for_its_own_build(runs):
     assert not caller.is_alive() and result["out"].shape == (2, 8)
     assert report().ops[0].wait_seconds > 0.2
     # Settled (a future's done callbacks run just after its waiters wake): later calls take the fast path
-    assert until(lambda: not rmsnorm._self_op.pending)
+    assert until(lambda: not rmsnorm._self_op.pending.futures)
 
 
 def test_a_serving_call_moves_its_builds_ahead_of_the_rest_of_the_start(runs):
@@ -387,7 +387,7 @@ def test_sixteen_threads_calling_ops_while_builds_run(runs):
     assert sorted(runs.calls) == sorted(keys)  # each kernel built once, however many threads listed it
     stats = report().ops[0]
     assert stats.built == 4 and stats.listed == stats.shared + 4 and stats.pending == 0
-    assert not rmsnorm._self_op.pending
+    assert not rmsnorm._self_op.pending.futures
 
 
 def test_a_lister_receives_swept_ints_and_keyword_arguments():

@@ -61,7 +61,7 @@ WATCHDOG_END_SECONDS = 1.0
 
 
 class _WaitingOp(Protocol):
-    """An op whose calls may wait on this builder's builds (``ops._Op``)."""
+    """What an op's calls may wait for on this builder's builds (:class:`.pending.PendingBuilds`)."""
 
     def forget_pending(self) -> None: ...
 

@@ -35,14 +35,15 @@ from .builder import Builder
 from .default import current_builder, default_builder
 from .sweeps import Sweep, list_later
 
-__all__ = ["BuildPass", "ListedNothing", "active", "build_pass", "current_pass", "listed_nothing", "rehearsal"]
+__all__ = ["BuildPass", "ListedNothing", "active", "build_pass", "current_pass", "in_pass", "listed_nothing",
+           "pass_context", "rehearsal"]
 
 logger = logging.getLogger("buildops")
 
-_current: contextvars.ContextVar[BuildPass | None] = contextvars.ContextVar("buildops_pass", default=None)
-# Set (True) in a context from a pass's start to its end, as _current is, and unset elsewhere: a decorated op's
-# wrapper asks it first, in C (ops._wrap). A pass's own truth is the subclass's to change (a __len__); this is not.
-_in_pass: contextvars.ContextVar[bool] = contextvars.ContextVar("buildops_in_pass")
+pass_context: contextvars.ContextVar[BuildPass | None] = contextvars.ContextVar("buildops_pass", default=None)
+# Set (True) in a context from a pass's start to its end, as pass_context is, and unset elsewhere: a decorated op's
+# wrapper asks it first, in C (declaring.wrap). A pass's own truth is the subclass's to change (a __len__); this is not.
+in_pass: contextvars.ContextVar[bool] = contextvars.ContextVar("buildops_in_pass")
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def listed_nothing() -> list[ListedNothing]:
 
 def current_pass() -> BuildPass | None:
     """The innermost active pass of this thread or task, or None."""
-    return active(_current.get())
+    return active(pass_context.get())
 
 
 def active(node: BuildPass | None) -> BuildPass | None:
@@ -261,8 +262,8 @@ class BuildPass:
         self._listed = {}
         self._sweeps = []
         self.parent = current_pass()
-        self._in_pass_token = _in_pass.set(True)
-        self._token = _current.set(self)
+        self._in_pass_token = in_pass.set(True)
+        self._token = pass_context.set(self)
         self._active = True
         self._started = time.perf_counter()
         return self
@@ -272,8 +273,8 @@ class BuildPass:
             return
         self._active = False
         assert self._token is not None and self._in_pass_token is not None  # set with _active by __enter__
-        _current.reset(self._token)
-        _in_pass.reset(self._in_pass_token)
+        pass_context.reset(self._token)
+        in_pass.reset(self._in_pass_token)
         self._token = self._in_pass_token = None
         builder = self._builder
         if exc_type is not None:

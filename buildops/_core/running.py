@@ -15,14 +15,16 @@ import torch
 from .._config import settings
 from .._runtime.gpu import worker_stream
 from .build import Build
+from .declaring import Lister, Op, P, R, refuse_bare_use, refuse_unlistable, transparent, with_static, wrap
 from .names import op_name
-from .ops import Lister, Op, Output, P, R, _Op, _refuse_bare_use, _refuse_unlistable, _transparent, _with_static, _wrap
+from .ops import OpCore
+from .placeholders import Output
 from .specs import BuildConfig, DynamicSpec, SpecError, tensor_dims
 
 __all__ = ["builds_by_running"]
 
 
-class _RunningOp(_Op):
+class _RunningOp(OpCore):
     """An op whose kernels compile inside its own run: each build is one real run at a swept shape."""
 
     def register_lister(self, fn: Lister) -> Lister:
@@ -103,21 +105,21 @@ def builds_by_running(config: BuildConfig, *, dims: Mapping[str, int | tuple[int
         output: as for :func:`lists_kernels`.
         name: as for :func:`lists_kernels`.
     """
-    _refuse_bare_use("builds_by_running", config)
+    refuse_bare_use("builds_by_running", config)
 
     def decorate(fn: Callable[P, R]) -> Op[P, R]:
-        _refuse_unlistable("builds_by_running", fn)
+        refuse_unlistable("builds_by_running", fn)
         if not settings.enabled:
-            return _transparent(fn, name)
+            return transparent(fn, name)
         op = op_name(fn, name)
-        with_dims = _with_static("builds_by_running", op, _with_dims(op, config, dims), static, "alpha")
-        return _wrap(fn, _RunningOp(fn, with_dims, output, name, "builds_by_running"))
+        with_dims = with_static("builds_by_running", op, _with_dims(op, config, dims), static, "alpha")
+        return wrap(fn, _RunningOp(fn, with_dims, output, name, "builds_by_running"))
     return decorate
 
 
 def _with_dims(op: str, config: BuildConfig, dims: Mapping[str, int | tuple[int, str]] | None) -> BuildConfig:
     """``config`` with a spec per ``dims`` entry, each following a swept spec; errors name the op and the entry."""
-    if not dims or not isinstance(config, BuildConfig):  # no BuildConfig: _Op's own error says what to pass
+    if not dims or not isinstance(config, BuildConfig):  # no BuildConfig: OpCore's own error says what to pass
         return config
     free = [s.key for s in config.specs if s.follows is None]
     example = f"e.g. dims={{'out': 0}} or dims={{'out': (0, {free[0]!r})}}"

@@ -67,7 +67,7 @@ def test_a_child_forked_while_builds_run_has_a_working_first_pass_and_the_parent
     with rehearsal("startup"):  # leaves its builds in flight
         for width in (1, 2, 3):
             op(torch.empty(4, width))
-    assert runs.started.wait(WAIT) and op._self_op.pending
+    assert runs.started.wait(WAIT) and op._self_op.pending.futures
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: the parent's builds are not its own, and it builds its own
@@ -80,7 +80,7 @@ def test_a_child_forked_while_builds_run_has_a_working_first_pass_and_the_parent
                     op(torch.empty(4, width))
             (stats,) = report().ops
             outcome = json.dumps({"prompt": prompt, "built": stats.built, "pending": stats.pending,
-                                  "settled": not op._self_op.pending, "joined": buildops.join(timeout=WAIT)})
+                                  "settled": not op._self_op.pending.futures, "joined": buildops.join(timeout=WAIT)})
         except BaseException as error:  # noqa: BLE001 - reported to the parent
             outcome = repr(error)
         finally:

@@ -79,4 +79,4 @@ def test_four_thousand_signatures_cost_the_same_each_and_every_build_is_listed_o
     assert (stats.op, stats.listed, stats.shared, stats.built, stats.failed, stats.cancelled, stats.pending) == \
         ("wide", SIGNATURES, 0, SIGNATURES, 0, 0, 0)
     assert sorted(runs.calls) == [("wide", width) for width in range(1, SIGNATURES + 1)]  # each built once
-    assert not wide._self_op.pending and current_builder().busy == 0  # nothing left for a call to wait for
+    assert not wide._self_op.pending.futures and current_builder().busy == 0  # nothing left for a call to wait for
