@@ -1,5 +1,6 @@
-"""What ``buildops doctor`` finds here: versions, the GPU, the Triton target, the caches, every setting and where
-its value came from, and whether the shared store answers. JSON-able data only; :mod:`buildops.cli` prints it.
+"""What ``buildops doctor`` finds here: versions, the GPU, what each backend says of itself (Triton's target), the
+caches, every setting and where its value came from, and whether the shared store answers. JSON-able data only;
+:mod:`buildops.cli` prints it.
 
 Every probe catches its own failures and reports them as text: doctor is run when something is wrong, so it must
 not stop at the first thing that is. Libraries are imported here, when doctor runs, never at import.
@@ -7,6 +8,7 @@ not stop at the first thing that is. Libraries are imported here, when doctor ru
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import platform
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ._config import ConfigError, declared, origin, redact_url, settings
+from ._core import extensions
 from ._runtime.node import lock_directory
 
 __all__ = ["STORE_VARIABLE", "diagnose", "redact_url"]
@@ -24,8 +27,8 @@ __all__ = ["STORE_VARIABLE", "diagnose", "redact_url"]
 # The variable that names the shared artifact store (a URL, e.g. redis://host:6379/0)
 STORE_VARIABLE = "BUILDOPS_STORE"
 
-# The libraries whose versions doctor reports, by the name they import as
-LIBRARIES = ("torch", "triton", "flashinfer", "deep_gemm", "redis")
+# The libraries whose versions doctor reports beside the backends' own, by the name they import as
+LIBRARIES = ("torch", "redis")
 
 
 def diagnose() -> dict[str, Any]:
@@ -34,7 +37,7 @@ def diagnose() -> dict[str, Any]:
     found: dict[str, Any] = {
         "versions": versions(),
         "cuda": cuda(),
-        "triton_target": triton_target(),
+        "backends": backends_found(),
         "caches": caches(),
         "settings": settings_found(),
         "store": _store_status(),
@@ -56,8 +59,9 @@ def versions() -> dict[str, str]:
     """Python's and buildops' versions, and each library's, or ``not installed``, or why its import failed."""
     from . import __version__
 
+    libraries = dict.fromkeys([LIBRARIES[0], *(b.library for b in extensions.backends()), *LIBRARIES[1:]])
     return {"python": platform.python_version(), "buildops": __version__,
-            **{name: _library_version(name) for name in LIBRARIES}}
+            **{name: _library_version(name) for name in libraries}}
 
 
 def _library_version(name: str) -> str:
@@ -90,32 +94,26 @@ def cuda() -> dict[str, Any]:
     return {"available": True, "runtime": runtime, "devices": devices}
 
 
-def triton_target() -> dict[str, Any]:
-    """The target buildops' Triton builds compile for: the GPU's, or where Triton finds no GPU driver,
-    ``BUILDOPS_TRITON_TARGET`` (builds then compile only). ``compile_only`` says which."""
-    try:
-        from .backends.triton.driver import CompileOnlyDriver, active_driver
-    except Exception as error:  # noqa: BLE001 - no Triton, or a broken one
-        return {"target": None, "error": one_line(error)}
-    try:
-        current = active_driver().get_current_target()
-        compile_only = isinstance(active_driver(), CompileOnlyDriver)
-    except RuntimeError:  # "0 active drivers": no GPU; buildops installs its compile-only driver when it builds
+def backends_found() -> dict[str, dict[str, str]]:
+    """What each installed backend says of itself beyond its cache (the ``Backend`` contract's ``describe``), by
+    backend: ``{label: text}``, or ``{"error": ...}`` where it could not say."""
+    found: dict[str, dict[str, str]] = {}
+    for backend in extensions.backends():
+        if backend.describe is None or not backend.installed():
+            continue
         try:
-            backend, arch = settings.triton_target
-        except ConfigError as error:
-            return {"target": None, "error": str(error)}
-        return {"target": f"{backend}:{arch}", "compile_only": True}
-    except Exception as error:  # noqa: BLE001 - a driver that fails otherwise is reported, not raised
-        return {"target": None, "error": one_line(error)}
-    return {"target": f"{current.backend}:{current.arch}", "compile_only": compile_only}
+            found[backend.name] = {str(k): str(v) for k, v in extensions.load(backend.describe)().items()}
+        except Exception as error:  # noqa: BLE001 - a backend that cannot say is reported, not raised
+            found[backend.name] = {"error": one_line(error)}
+    return found
 
 
 def caches() -> dict[str, dict[str, Any]]:
-    """The libraries' kernel caches and buildops' node-lock directory, each as :func:`directory` describes it;
-    where the path is not known (a library not installed, locks off), ``path`` is None and ``note`` says why."""
-    return {"triton": _cache(_triton_cache), "flashinfer": _cache(_flashinfer_cache),
-            "deep_gemm": _cache(_deep_gemm_cache), "node_locks": _cache(_node_lock_directory)}
+    """Each backend's kernel cache and buildops' node-lock directory, each as :func:`directory` describes it; where
+    the path is not known (a library not installed, locks off), ``path`` is None and ``note`` says why."""
+    found = {backend.name: _cache(functools.partial(_backend_cache, backend))
+             for backend in extensions.backends() if backend.cache is not None}
+    return {**found, "node_locks": _cache(_node_lock_directory)}
 
 
 class _NoPath(Exception):
@@ -125,33 +123,22 @@ class _NoPath(Exception):
 def _cache(where: Callable[[], str | os.PathLike[str]]) -> dict[str, Any]:
     try:
         path = where()
-    except _NoPath as why:
+    except (_NoPath, LookupError) as why:
         return {"path": None, "note": str(why)}
     except Exception as error:  # noqa: BLE001 - a library that cannot say where its cache is: reported
         return {"path": None, "note": one_line(error)}
     return directory(Path(path))
 
 
-def _triton_cache() -> str:
+def _backend_cache(backend: extensions.Backend) -> str | os.PathLike[str]:
+    """Asked whether or not its library is installed: a cache may be known without it (DeepGEMM's)."""
+    assert backend.cache is not None  # only backends with a cache are asked
     try:
-        from triton import knobs
-    except ModuleNotFoundError:
-        raise _NoPath("triton not installed") from None
-    return knobs.cache.dir
-
-
-def _flashinfer_cache() -> os.PathLike[str]:
-    try:
-        from flashinfer.jit import env
-    except ModuleNotFoundError:
-        raise _NoPath("flashinfer not installed") from None
-    return env.FLASHINFER_JIT_DIR
-
-
-def _deep_gemm_cache() -> str:
-    # DeepGEMM's own rule (deep_gemm/jit): DG_JIT_CACHE_DIR, else ~/.deep_gemm; installed or not, it is where it
-    # would compile to.
-    return os.environ.get("DG_JIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".deep_gemm")
+        return extensions.load(backend.cache)()
+    except ModuleNotFoundError as error:
+        if error.name == backend.library:
+            raise _NoPath(f"{backend.library} not installed") from None
+        raise
 
 
 def _node_lock_directory() -> Path:

@@ -136,8 +136,8 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-@subcommand("doctor", "what buildops finds here: versions, GPU, Triton target, caches, settings (and where each "
-            "came from), store", JSON)
+@subcommand("doctor", "what buildops finds here: versions, GPU, backends (Triton's target), caches, settings "
+            "(and where each came from), store", JSON)
 def _doctor(args: argparse.Namespace) -> int:
     from ._doctor import diagnose  # imports the libraries it reports on: only when asked
 
@@ -152,7 +152,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _doctor_lines(found: dict[str, Any]) -> list[str]:
     """Doctor's findings as text: one section each, in the order of its JSON."""
     return [*_versions_lines(found["versions"]), *_cuda_lines(found["cuda"]),
-            _target_line(found["triton_target"]), *_caches_lines(found["caches"]),
+            *_backends_lines(found["backends"]), *_caches_lines(found["caches"]),
             *_settings_lines(found["settings"]), _store_line(found["store"]), *_problems_lines(found["problems"])]
 
 
@@ -176,11 +176,8 @@ def _cuda_lines(cuda: dict[str, Any]) -> list[str]:
             *(f"  {d['index']}: {d['name']}, capability {d['capability']}" for d in cuda["devices"])]
 
 
-def _target_line(target: dict[str, Any]) -> str:
-    if target.get("target") is None:
-        return f"triton target: unknown ({target.get('error')})"
-    how = "compile-only: no GPU driver, from BUILDOPS_TRITON_TARGET" if target["compile_only"] else "this GPU's"
-    return f"triton target: {target['target']} ({how})"
+def _backends_lines(backends: dict[str, dict[str, str]]) -> list[str]:
+    return [f"{name} {label}: {text}" for name, said in backends.items() for label, text in said.items()]
 
 
 def _caches_lines(caches: dict[str, dict[str, Any]]) -> list[str]:

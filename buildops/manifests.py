@@ -2,8 +2,9 @@
 without the model, into the local caches and the build store (a container image's build step, a CI job).
 
 A manifest is JSON: ``{"format": "buildops-manifest", "version": 1, "buildops": VERSION, "entries": [...]}``. Each
-entry names its ``library``, ``op`` and ``label``; one that can be prebuilt carries its library's recipe
-(:mod:`buildops.backends.triton.recipes`), one that cannot says why in ``"not_prebuilt"``. A manifest holds
+entry names its ``library``, ``op`` and ``label``; one that can be prebuilt carries its library's recipe (made by the
+``recipes`` its backend registered, :class:`~buildops._core.extensions.Backend`), one that cannot says why in
+``"not_prebuilt"``. A manifest holds
 kernels' source and pickled launch arguments: load only manifests you would run as code.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._core import extensions
 from ._core.build import Build, BuildState
 from ._core.default import current_builder, default_builder
 from ._runtime.files import read_json, write_atomically
@@ -39,11 +41,16 @@ def manifest_entries() -> list[dict[str, Any]]:
     return entries
 
 
-def _entry(build: Build) -> dict[str, Any]:
-    if build.library == "triton":
-        from .backends.triton.recipes import entry
+def _recipes(library: object) -> Any:
+    """The recipes module of the backend registered as ``library`` (the ``Backend`` contract), or None."""
+    backend = extensions.backend(library) if isinstance(library, str) else None
+    return None if backend is None or backend.recipes is None else extensions.load(backend.recipes)
 
-        made = entry(build)
+
+def _entry(build: Build) -> dict[str, Any]:
+    recipes = _recipes(build.library)
+    if recipes is not None:
+        made = recipes.entry(build)
         if isinstance(made, dict):
             return made
         why = made
@@ -134,11 +141,10 @@ def prebuild(path: str | os.PathLike[str]) -> PrebuildOutcome:
 
 
 def _build(item: dict[str, Any]) -> Build | str:
-    if item.get("library") != "triton":
-        return f"no recipe for library {item.get('library')!r} in this buildops"
     try:
-        from .backends.triton.recipes import prebuild_build
-
-        return prebuild_build(item)
+        recipes = _recipes(item.get("library"))
+        if recipes is None:
+            return f"no recipe for library {item.get('library')!r} in this buildops"
+        return recipes.prebuild_build(item)
     except Exception as error:  # noqa: BLE001 - a malformed or foreign entry is refused, not fatal
         return f"the entry cannot be read here ({type(error).__name__}: {error})"

@@ -586,8 +586,9 @@ def watched_fake(fake, monkeypatch):
     from buildops._core import extensions
     from buildops.backends.deep_gemm_late import note_module
 
-    monkeypatch.setattr(extensions, "_watchers", list(extensions._watchers))
-    extensions.add_late_watcher("fake_deep_gemm", "buildops.backends.deep_gemm_late:watch_late_compiles")
+    monkeypatch.setattr(extensions, "_backends", dict(extensions._backends))
+    extensions.register(extensions.Backend("fake_deep_gemm", "fake_deep_gemm", late_watchers=(
+        "buildops.backends.deep_gemm_late:watch_late_compiles",)))
     note_module("fake_deep_gemm")  # as a build of it does
     return fake
 

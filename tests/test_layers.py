@@ -96,3 +96,30 @@ def test_the_core_names_no_backend_even_by_string():
              if isinstance(node, ast.Constant) and isinstance(node.value, str)
              and node.value.startswith("buildops.") and not node.value.startswith(below)]
     assert named == []
+
+
+def test_no_module_outside_the_backends_names_a_library_they_serve():
+    """Only a library's backend imports it or names it in code (an import, ``find_spec("triton")``, a module path):
+    the core and the public face reach every library through the registered backends."""
+    from buildops._core import extensions
+
+    libraries = {backend.library for backend in extensions.backends()}
+    modules = _modules()
+    found = []
+    for name, path in modules.items():
+        if name == "buildops.backends" or name.startswith("buildops.backends."):
+            continue
+        found += [f"{name}: imports {target}" for target in sorted(_imports(name, path, set(modules)))
+                  if target.startswith("buildops.backends.")]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                named = [node.module or ""] if not node.level else []
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                named = [node.value.partition(":")[0]]
+            else:
+                continue
+            found += [f"{name}:{node.lineno}: {text}" for text in named
+                      if any(text == lib or text.startswith(lib + ".") for lib in libraries)]
+    assert found == []

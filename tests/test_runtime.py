@@ -106,16 +106,15 @@ def test_hooks_run_each_callback_once_in_order():
     assert calls == [("one", (1, 2)), ("two", (1, 2))]
 
 
-def test_extensions_are_loaded_only_for_libraries_in_use(monkeypatch):
-    monkeypatch.setattr(extensions, "_watchers", [])
-    monkeypatch.setattr(extensions, "_recorders", [])
-    extensions.add_late_watcher("no_such_library_here", "no_such_module:watch")
-    extensions.add_launch_recorder("no_such_library_here", "no_such_module:record")
+def test_backends_are_loaded_only_for_libraries_in_use(monkeypatch):
+    monkeypatch.setattr(extensions, "_backends", {})
+    extensions.register(extensions.Backend("absent", "no_such_library_here", recorder="no_such_module:record",
+                                           late_watchers=("no_such_module:watch",)))
     assert extensions.late_watchers() == [] and extensions.launch_recorders() == []  # nothing imported
-    extensions.add_late_watcher("os", "os.path:join")
-    assert extensions.late_watchers() == [os.path.join]
-    with pytest.raises(ValueError, match="expected 'module:attribute'"):
-        extensions.add_late_watcher("os", "os.path.join")
+    extensions.register(extensions.Backend("os", "os", late_watchers=("os.path:join",)))
+    assert extensions.late_watchers() == [os.path.join] and extensions.backend("os").library == "os"
+    with pytest.raises(ValueError, match="late_watchers.0.='os.path.join': expected 'module:attribute'"):
+        extensions.Backend("os", "os", late_watchers=("os.path.join",))
 
 
 def test_a_patch_of_an_inherited_attribute_leaves_the_base_visible_again():

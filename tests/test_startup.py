@@ -394,7 +394,7 @@ def test_build_workers_start_before_torch_is_imported(tmp_path):
 def test_the_helper_process_gets_this_process_import_path_and_its_answer_is_read(monkeypatch):
     import json
 
-    import buildops.startup as S
+    import buildops.backends.triton.startup as S
     # The helper's own code, but printing its import path where it would print Triton's cache.
     monkeypatch.setattr(S, "_UTILS_SCRIPT", S._UTILS_SCRIPT.split("from buildops")[0] + "print(json.dumps(sys.path))")
     utils = S._start_building_triton_utils()
@@ -408,7 +408,7 @@ def test_the_preparation_builds_the_helper_module_where_the_helper_did_not(monke
     pytest.importorskip("triton")
     from triton import knobs
 
-    import buildops.startup as S
+    import buildops.backends.triton.startup as S
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "this"))
     answers = {"this cache": knobs.cache.dir, "another cache": str(tmp_path / "other"), None: None}
     monkeypatch.setattr(S, "_helper_cache_dir", lambda utils: answers[helper_built_into])  # None: it failed
@@ -422,7 +422,7 @@ def test_the_preparation_builds_the_helper_module_where_the_helper_did_not(monke
 
 
 def test_the_preparation_imports_what_replays_need_before_it_hashes_triton(monkeypatch):
-    import buildops.startup as S
+    import buildops.backends.triton.startup as S
     done = []
     monkeypatch.setattr(S.importlib, "import_module", done.append)
     monkeypatch.setattr(S, "_helper_cache_dir", lambda utils: None)

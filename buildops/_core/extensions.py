@@ -1,8 +1,9 @@
-"""What backends provide to the core, registered by name so that the core imports no backend.
+"""What backends provide to the core: one :class:`Backend` registration per library, so that the core and the
+public layer (startup, manifests, doctor, reports) import no backend and name no library.
 
-Each entry is ``"module:attribute"``, imported only when the core first needs it, and only where the library it
-serves is in use: registering imports nothing. ``buildops.backends`` registers the backends that ship with
-buildops; another package may register its own the same way.
+Each part of a registration is ``"module:attribute"``, imported only when the core first needs it, and only where
+the library it serves is in use: registering imports nothing. ``buildops.backends`` registers the backends that
+ship with buildops; another package registers its own the same way (docs/backends/writing-a-backend.md).
 """
 
 from __future__ import annotations
@@ -15,71 +16,113 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Extension", "add_first_gpu_build_hook", "add_launch_recorder", "add_late_watcher", "first_gpu_build",
-           "launch_recorders", "late_watchers"]
+__all__ = ["Backend", "add_first_gpu_build_hook", "backend", "backends", "first_gpu_build", "launch_recorders",
+           "late_watchers", "load", "register"]
 
 
 @dataclass(frozen=True)
-class Extension:
-    """One registration: ``target`` (``"module:attribute"``) serves ``library`` (a top-level module name)."""
+class Backend:
+    """One library's backend. ``name`` is what its builds carry as ``Build.library`` (reports count by it,
+    manifests and ``buildops doctor`` name it); ``library`` is the top-level module it serves. Every other field is
+    ``"module:attribute"`` or None (the backend has no such part).
 
+    Contract for each part:
+      * ``recorder``: a context manager factory ``recorder(op: str)`` that yields a list; while it is entered,
+        launches of the library's kernels on this thread (this context) are appended to it as
+        :class:`~buildops.Build` objects instead of compiling or running, and other threads launch as usual.
+        Used by listing by replay, where the library is installed.
+      * ``late_watchers``: functions of no arguments, each installing a compile hook (idempotently) that reports
+        each compile outside buildops' workers with :func:`buildops._core.late.record`. Called at the end of every
+        outermost pass, where the library is imported by then.
+      * ``recipes``: a module with ``entry(build) -> dict | str``, one of the backend's builds as a manifest entry
+        (JSON-able, with ``"library": name``), or why it has none; and ``prebuild_build(entry) -> Build | str``,
+        the entry's build on this machine, or why this machine refuses it (``buildops prebuild``).
+      * ``start_workers``: a function of no arguments that starts the backend's worker pool ahead of its first build
+        (:func:`buildops.startup.start_build_workers`) and returns at once: True if workers run or are starting.
+        Called where the library is installed, before the engine imports torch: it must not import it.
+      * ``cache``: a function of no arguments returning the library's kernel cache directory (``buildops
+        doctor``); it raises ``LookupError`` saying why where that is not known here.
+      * ``describe``: a function of no arguments returning what ``buildops doctor`` shows of the backend beyond
+        its cache: ``{label: text}``, e.g. ``{"target": "cuda:90 (this GPU's)"}``. It must not raise.
+    """
+
+    name: str
     library: str
-    target: str
+    recorder: str | None = None
+    late_watchers: tuple[str, ...] = ()
+    recipes: str | None = None
+    start_workers: str | None = None
+    cache: str | None = None
+    describe: str | None = None
 
-    def load(self) -> Any:
-        module, _, attribute = self.target.partition(":")
-        return getattr(importlib.import_module(module), attribute)
+    def __post_init__(self) -> None:
+        named = {"recorder": self.recorder, "start_workers": self.start_workers, "cache": self.cache,
+                 "describe": self.describe, **{f"late_watchers[{i}]": t for i, t in enumerate(self.late_watchers)}}
+        for part, target in named.items():
+            if target is not None and ":" not in target:
+                raise ValueError(f"buildops backend {self.name}: {part}={target!r}: expected 'module:attribute'")
+
+    def modules(self) -> set[str]:
+        """The modules its parts name."""
+        parts = (self.recorder, self.recipes, self.start_workers, self.cache, self.describe, *self.late_watchers)
+        return {target.partition(":")[0] for target in parts if target is not None}
+
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.library) is not None
+
+    def imported(self) -> bool:
+        return self.library in sys.modules
 
 
-_recorders: list[Extension] = []
-_watchers: list[Extension] = []
-_gpu_hooks: list[Extension] = []
+def load(target: str) -> Any:
+    """The object ``"module:attribute"`` names, its module imported now (a plain module name: the module)."""
+    module, _, attribute = target.partition(":")
+    loaded = importlib.import_module(module)
+    return getattr(loaded, attribute) if attribute else loaded
+
+
+_backends: dict[str, Backend] = {}
+_gpu_hooks: list[str] = []
 _lock = threading.Lock()
 _gpu_hooks_run = False
 
 
-def _add(table: list[Extension], library: str, target: str) -> None:
-    if ":" not in target:
-        raise ValueError(f"buildops extension {target!r} for {library}: expected 'module:attribute'")
-    entry = Extension(library, target)
-    if entry not in table:
-        table.append(entry)
+def register(registration: Backend) -> None:
+    """Register a backend (again: the new registration replaces the one of that name)."""
+    with _lock:
+        _backends[registration.name] = registration
 
 
-def add_launch_recorder(library: str, target: str) -> None:
-    """Register how listing by replay records ``library``'s kernel launches.
-
-    Contract for the target: a context manager factory ``recorder(op: str)`` that yields a list; while it is
-    entered, launches of ``library``'s kernels on this thread (this context) are appended to it as
-    :class:`~buildops.Build` objects instead of compiling or running, and other threads launch as usual.
-    """
-    _add(_recorders, library, target)
+def backends() -> list[Backend]:
+    """Every registered backend, in the order registered."""
+    with _lock:
+        return list(_backends.values())
 
 
-def add_late_watcher(library: str, target: str) -> None:
-    """Register how to watch ``library`` for kernels compiled on first use.
+def backend(name: str) -> Backend | None:
+    """The backend registered as ``name`` (a build's ``library``), or None."""
+    with _lock:
+        return _backends.get(name)
 
-    Contract for the target: a function of no arguments that installs a compile hook (idempotently) which reports
-    each compile outside buildops' workers with :func:`buildops._core.late.record`. It is called at the end of
-    every outermost pass, only if ``library`` is imported by then.
-    """
-    _add(_watchers, library, target)
+
+def launch_recorders() -> list[Callable[..., Any]]:
+    """The recorders of the backends whose libraries are installed here, loaded."""
+    return [load(b.recorder) for b in backends() if b.recorder is not None and b.installed()]
+
+
+def late_watchers() -> list[Callable[[], None]]:
+    """The late-compile watchers of the backends whose libraries are imported now, loaded."""
+    return [load(target) for b in backends() if b.imported() for target in b.late_watchers]
 
 
 def add_first_gpu_build_hook(target: str) -> None:
     """Register a function of no arguments, called once per process when the builder first receives a GPU build
     (the CUDA graph capture guard is installed so)."""
-    _add(_gpu_hooks, "torch", target)
-
-
-def launch_recorders() -> list[Callable[..., Any]]:
-    """The recorders of the libraries that are installed here, loaded."""
-    return [entry.load() for entry in list(_recorders) if importlib.util.find_spec(entry.library) is not None]
-
-
-def late_watchers() -> list[Callable[[], None]]:
-    """The late-compile watchers of the libraries imported now, loaded."""
-    return [entry.load() for entry in list(_watchers) if entry.library in sys.modules]
+    if ":" not in target:
+        raise ValueError(f"buildops first-GPU-build hook {target!r}: expected 'module:attribute'")
+    with _lock:
+        if target not in _gpu_hooks:
+            _gpu_hooks.append(target)
 
 
 def first_gpu_build() -> None:
@@ -89,6 +132,6 @@ def first_gpu_build() -> None:
         return
     with _lock:
         if not _gpu_hooks_run:
-            for entry in list(_gpu_hooks):
-                entry.load()()
+            for target in list(_gpu_hooks):
+                load(target)()
             _gpu_hooks_run = True

@@ -61,7 +61,7 @@ class _LateCompiles:
 
     def arm(self) -> None:
         """Called when an outermost pass ends: from now on, first-use compiles are late. Installs the watchers of
-        the libraries in use (``extensions.add_late_watcher``); a library not imported yet is not watched."""
+        the libraries in use (each backend's ``late_watchers``); a library not imported yet is not watched."""
         self._armed = True
         for install in extensions.late_watchers():
             install()
@@ -113,19 +113,23 @@ def reset() -> None:
     _state.reset()
 
 
-def _library_dirs() -> tuple[str, ...]:
-    dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # buildops itself
-    packages, modules = ("triton", "torch", "flashinfer", "deep_gemm"), ("contextlib", "functools", "threading")
-    for name in packages + modules:
+def _library_paths() -> tuple[str, ...]:
+    """Where the code a late compile's stack passes through before the user's lives: buildops, torch, the stdlib
+    modules that wrap calls, and each backend's library and own modules (a backend of another package)."""
+    paths = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # buildops itself
+    names = {"torch", "contextlib", "functools", "threading"}
+    for backend in extensions.backends():
+        names |= {backend.library, *backend.modules()}
+    for name in names:
         path = getattr(sys.modules.get(name), "__file__", None)
         if path:
-            dirs.append(os.path.dirname(path) if name in packages else path)
-    return tuple(dirs)
+            paths.append(os.path.dirname(path) if os.path.basename(path) == "__init__.py" else path)
+    return tuple(paths)
 
 
 def caller() -> str:
-    """The innermost frame outside the libraries and buildops: where a late compile came from."""
-    skipped = _library_dirs()
+    """The innermost frame outside the libraries, their backends and buildops: where a late compile came from."""
+    skipped = _library_paths()
     for frame in reversed(traceback.extract_stack()[:-1]):
         if not frame.filename.startswith(skipped):
             return f"{frame.filename}:{frame.lineno} in {frame.name}"

@@ -1,8 +1,8 @@
 """Listing by replay: run an op's own host code at a swept shape on fake tensors, with kernel launches recorded.
 
 The list then comes from the code that will run, so it cannot drift from it. Launches are recorded as builds by
-the launch recorders backends register (:func:`.extensions.add_launch_recorder`). Host code that needs real values
-(``.item()``, data-dependent shapes) cannot be replayed: such an op registers a lister or uses
+the recorders backends register (each :class:`.extensions.Backend`'s ``recorder``). Host code that needs real
+values (``.item()``, data-dependent shapes) cannot be replayed: such an op registers a lister or uses
 ``@builds_by_running``.
 
 Two kinds of stand-in tensors, cheapest first (docs/decisions/0005-meta-tensors-before-fake-tensors.md):

@@ -37,7 +37,7 @@ from .._runtime.forking import forget_in_child
 from . import _flashinfer_build
 from .flashinfer_store import FlashInferModule, shareable
 
-__all__ = ["PLAN_LOOKUPS", "module_builds", "watch_late_compiles"]
+__all__ = ["PLAN_LOOKUPS", "jit_directory", "module_builds", "watch_late_compiles"]
 
 PLAN_LOOKUPS = (
     "flashinfer.decode.get_batch_decode_module",
@@ -125,6 +125,13 @@ def _reporting_build(original: Any) -> Any:
             record(LateCompile("flashinfer", self.name, "JIT module", (), caller()), ("flashinfer", self.name))
         return result
     return build
+
+
+def jit_directory() -> Path:
+    """Where FlashInfer compiles its JIT modules (``FLASHINFER_WORKSPACE_BASE`` decides): ``buildops doctor``."""
+    from flashinfer.jit import env
+
+    return Path(env.FLASHINFER_JIT_DIR)
 
 
 def watch_late_compiles() -> None:
