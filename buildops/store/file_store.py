@@ -47,7 +47,8 @@ class FileStore(BuildStore):
     def _call(self, what: str, request: Callable[..., T], *args: object) -> T:
         """One request, bounded as a whole by the store's timeout (:func:`.interface.bounded`): a share that hangs
         (an NFS server gone) turns the store off rather than the start."""
-        return bounded(self.where, what, self._timeout, lambda: request(*args), lambda: None, (OSError,))
+        return bounded(self.where, what, self._timeout, lambda: request(*args), lambda: None, (OSError,),
+                       (TimeoutError,))  # a soft mount's ETIMEDOUT
 
     def read_into(self, key: str, into: IO[bytes], limit: int | None = None) -> int | None:
         path = self._artifacts / check_key(key)

@@ -113,19 +113,22 @@ class BuildStore(abc.ABC):
 
 
 def bounded(where: str, what: str, timeout: float, request: Callable[[], T], on_timeout: Callable[[], None],
-            errors: tuple[type[BaseException], ...]) -> T:
+            errors: tuple[type[BaseException], ...], timeouts: tuple[type[BaseException], ...] = ()) -> T:
     """``request()`` bounded as a whole by ``timeout``: a socket's timeout bounds each read only (a link passing a
     few bytes a second never trips it), and a directory on a hung NFS mount bounds nothing. The request runs on a
     thread of its own; past the deadline ``on_timeout`` is called (to close connections, which ends it) and the
-    caller gets a :class:`StoreError`, as it does for any of ``errors`` the request raised."""
+    caller gets a :class:`StoreError`, as it does for any of ``errors`` the request raised. One of ``timeouts`` (a
+    client's own timeout, which may fire first) is the deadline's error too."""
     done: concurrent.futures.Future[T] = concurrent.futures.Future()
     threading.Thread(target=_run, args=(done, request), name="buildops-store-request", daemon=True).start()
+    late = StoreError(f"build store {where}: {what} took longer than BUILDOPS_STORE_TIMEOUT ({timeout:g} s)")
     try:
         return done.result(timeout=timeout)
     except concurrent.futures.TimeoutError:
         on_timeout()
-        raise StoreError(f"build store {where}: {what} took longer than BUILDOPS_STORE_TIMEOUT ({timeout:g} s)") \
-            from None
+        raise late from None
+    except timeouts:
+        raise late from None
     except errors as error:
         raise StoreError(f"build store {where}: {what} failed: {type(error).__name__}: {error}") from None
 

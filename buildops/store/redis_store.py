@@ -36,6 +36,7 @@ class RedisStore(BuildStore):
         from redis.retry import Retry
 
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._timeouts: tuple[type[BaseException], ...] = (redis.TimeoutError, TimeoutError)
         # No retries: the client's default retries with backoff for seconds, and a store that fails once is left
         # alone for the process anyway (a start is never slowed past one timeout).
         self._client: Any = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
@@ -47,7 +48,7 @@ class RedisStore(BuildStore):
         """One request, bounded as a whole by the store's timeout (:func:`.interface.bounded`); past it the client's
         connections are closed, which ends the request."""
         return bounded(self.where, what, self._timeout, lambda: request(*args),
-                       self._client.connection_pool.disconnect, self._errors)
+                       self._client.connection_pool.disconnect, self._errors, self._timeouts)
 
     def read_into(self, key: str, into: IO[bytes], limit: int | None = None) -> int | None:
         name = ARTIFACT + check_key(key)
