@@ -118,7 +118,7 @@ def main() -> None:
 
     from buildops._config import triton_executor
     from buildops.backends.triton import triton_builds
-    from buildops.backends.triton.pool import workers as _processes
+    from buildops.backends.triton.worker import workers as _processes
     with buildops.settings.scope(threads=workers, progress_after=3600):
         executor = triton_executor()
         if executor != "threads":  # buildops' own workers, started and warm, as a long pass would have them

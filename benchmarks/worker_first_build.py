@@ -33,7 +33,7 @@ def child(arm: str, workers: int) -> None:
 
     from buildops import settings
     from buildops.backends.triton import build as triton_build
-    from buildops.backends.triton.pool import workers as pool
+    from buildops.backends.triton.worker import workers as pool
 
     from examples.fla_lm import ops
 

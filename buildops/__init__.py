@@ -23,9 +23,9 @@ from ._core.default import join, shutdown
 from ._core.families import OpFamily, model_configured, model_created, register_family, unregister_family
 from ._core.late import LateCompile, LateCompileError, late_compiles
 from ._core.passes import BuildPass, build_pass, rehearsal
-from .reporting import Coverage, ListedNothing, OpReport, Report, load_report, report
-
-__version__ = "0.2.0"
+from ._version import __version__
+from .reporting import Coverage, ListedNothing, OpReport, Report, report
+from .saved_reports import load_report
 
 # A GPU build must not overlap a CUDA graph capture: the guard goes on where the first one is queued.
 extensions.add_first_gpu_build_hook("buildops.capture:install_guard")

@@ -21,6 +21,7 @@ from typing import Any
 from ._config import ConfigError, declared, origin, redact_url, settings
 from ._core import extensions
 from ._runtime.node import lock_directory
+from ._version import __version__
 
 __all__ = ["STORE_VARIABLE", "diagnose", "redact_url"]
 
@@ -57,8 +58,6 @@ def one_line(error: BaseException) -> str:
 
 def versions() -> dict[str, str]:
     """Python's and buildops' versions, and each library's, or ``not installed``, or why its import failed."""
-    from . import __version__
-
     libraries = dict.fromkeys([LIBRARIES[0], *(b.library for b in extensions.backends()), *LIBRARIES[1:]])
     return {"python": platform.python_version(), "buildops": __version__,
             **{name: _library_version(name) for name in libraries}}

@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import __version__
 from ._config import ConfigError, as_env, settings
-from .reporting import describe_store, format_report, load_report
+from ._version import __version__
+from .reporting import describe_store, format_report
+from .saved_reports import load_report
 
 if TYPE_CHECKING:
     from .manifests import PrebuildOutcome

@@ -20,6 +20,7 @@ from ._core import extensions
 from ._core.build import Build, BuildState
 from ._core.default import current_builder, default_builder
 from ._runtime.files import read_json, write_atomically
+from ._version import __version__
 
 __all__ = ["PrebuildOutcome", "load_manifest", "prebuild", "save_manifest"]
 
@@ -62,8 +63,6 @@ def _entry(build: Build) -> dict[str, Any]:
 
 def save_manifest(path: str | os.PathLike[str]) -> Path:
     """Write what this process's builds listed as a manifest at ``path`` (atomically); returns the path."""
-    from . import __version__
-
     target = Path(path)
     document = {"format": FORMAT, "version": VERSION, "buildops": __version__, "entries": manifest_entries()}
     write_atomically(target, json.dumps(document))

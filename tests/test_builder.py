@@ -68,7 +68,7 @@ def test_the_serial_worker_runs_first_the_serial_builds_whose_after_builds_are_d
 
 
 def test_a_serial_build_runs_anyway_once_it_waited_too_long(runs, monkeypatch):
-    monkeypatch.setattr(buildops._core.serial, "AFTER_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(buildops._core.lanes, "AFTER_WAIT_SECONDS", 0.3)
     builder = Builder(threads=1)
     gate = threading.Event()
     try:
@@ -668,9 +668,9 @@ def test_an_expedited_serial_build_goes_first_with_the_compiles_it_needs(runs):
 
 def test_while_an_urgent_serial_build_waits_for_its_compiles_no_other_takes_the_worker(monkeypatch):
     from buildops._core.build import Record
-    from buildops._core.serial import SerialQueue
+    from buildops._core.lanes import SerialQueue
 
-    monkeypatch.setattr(buildops._core.serial, "AFTER_WAIT_SECONDS", 0.0)  # whoever waits is past its patience
+    monkeypatch.setattr(buildops._core.lanes, "AFTER_WAIT_SECONDS", 0.0)  # whoever waits is past its patience
     built: set[str] = set()
     changed = threading.Condition()
     serial = SerialQueue(changed, lambda key: key in built, lambda: False)

@@ -15,7 +15,8 @@ import buildops
 from buildops import Build, BuildConfig, DynamicSpec, LateCompile, Outcome, build_pass, lists_kernels, report, settings
 from buildops._config import declared, redact_url
 from buildops.cli import main
-from buildops.reporting import ListedNothing, OpReport, Report, load_report
+from buildops.reporting import ListedNothing, OpReport, Report
+from buildops.saved_reports import load_report
 from buildops.store import open_store
 from buildops.store.packing import pack
 

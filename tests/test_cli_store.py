@@ -275,7 +275,7 @@ def test_a_report_without_store_counts_loads_and_a_failed_store_says_so(tmp_path
     del saved["store"]  # a report saved before reports had the store's counts
     path = tmp_path / "old.json"
     path.write_text(json.dumps(saved))
-    assert buildops.reporting.load_report(path)["store"] is None
+    assert buildops.load_report(path)["store"] is None
 
     counts = buildops._core.sharing.StoreCounts(store="redis://:***@host:6379/0", fetched=12, fetched_bytes=3_400_000,
                                                 fetch_seconds=0.21, stored=3, stored_bytes=800_000, known_locally=40,

@@ -19,7 +19,7 @@ bt = pytest.importorskip("buildops.backends.triton")
 from triton import knobs  # noqa: E402
 
 from buildops.backends.triton import worker  # noqa: E402
-from buildops.backends.triton.pool import workers as triton_workers  # noqa: E402
+from buildops.backends.triton.worker import workers as triton_workers  # noqa: E402
 
 import triton_kernels as K  # noqa: E402
 

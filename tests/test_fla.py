@@ -88,7 +88,7 @@ def test_every_fla_kernel_the_example_reaches_travels_to_a_worker_as_source():
 
 
 def test_a_pass_in_worker_processes_builds_fla_kernels_without_importing_fla_there(tmp_path, monkeypatch):
-    from buildops.backends.triton.pool import workers
+    from buildops.backends.triton.worker import workers
 
     import pool_tasks
 

@@ -184,7 +184,7 @@ def test_join_shows_a_bar_on_a_terminal_when_it_waits_long(runs, capsys, monkeyp
 
 def test_join_logs_progress_elsewhere(runs, caplog, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
-    monkeypatch.setattr("buildops._core.progress._LoggedProgress.__init__.__defaults__", (0.1,))
+    monkeypatch.setattr("buildops._core.waiting._LoggedProgress.__init__.__defaults__", (0.1,))
     op = op_listing(runs, seconds=0.6)
     with caplog.at_level(logging.INFO, logger="buildops"), settings.scope(progress_after=0.1), build_pass("warmup"):
         op(torch.empty(4, 3))

@@ -132,7 +132,7 @@ def test_the_forkserver_imports_the_first_modules_before_the_others_and_keeps_wh
 
 TRITON_PRELOAD = r"""
 import sys, threading
-from buildops.backends.triton.pool import FORKSERVER_PRELOAD, FORKSERVER_PRELOAD_FIRST
+from buildops.backends.triton.worker import FORKSERVER_PRELOAD, FORKSERVER_PRELOAD_FIRST
 for name in FORKSERVER_PRELOAD_FIRST:  # as the forkserver does: in order
     __import__(name)
 from buildops.backends.triton import preload as _triton_preload
@@ -188,7 +188,7 @@ def test_the_triton_forkserver_preload_survives_a_torch_that_fails_to_load(tmp_p
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise OSError('libcudnn.so.9: cannot open shared object file')\n")
     script = (f"import sys, threading; sys.path.insert(0, {str(fake.parent)!r})\n"
-              "from buildops.backends.triton.pool import FORKSERVER_PRELOAD, FORKSERVER_PRELOAD_FIRST\n"
+              "from buildops.backends.triton.worker import FORKSERVER_PRELOAD, FORKSERVER_PRELOAD_FIRST\n"
               "for name in FORKSERVER_PRELOAD_FIRST + FORKSERVER_PRELOAD:\n"
               "    try:\n"
               "        __import__(name)\n"
@@ -413,7 +413,7 @@ import triton.language as tl
 
 import buildops
 from buildops import BuildConfig, DynamicSpec, lists_kernels
-from buildops.backends.triton.pool import workers
+from buildops.backends.triton.worker import workers
 import triton_kernels
 
 with open(os.environ["RUNS_FILE"], "a") as runs:  # module-level code: run once, by this process alone

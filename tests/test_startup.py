@@ -318,7 +318,7 @@ def test_a_failed_start_unfreezes_the_heap(monkeypatch):
 
 
 def test_build_workers_start_early_only_where_builds_use_them():
-    triton_builds = pytest.importorskip("buildops.backends.triton.pool")
+    triton_builds = pytest.importorskip("buildops.backends.triton.worker")
     with buildops.settings.scope(executor="threads"):
         assert not start_build_workers() and not triton_builds.workers.started
     with buildops.settings.scope(executor="processes", threads=1):
@@ -331,7 +331,7 @@ def test_build_workers_start_early_only_where_builds_use_them():
 
 
 def test_a_bad_worker_priority_setting_fails_the_call_that_starts_the_workers(monkeypatch):
-    triton_builds = pytest.importorskip("buildops.backends.triton.pool")
+    triton_builds = pytest.importorskip("buildops.backends.triton.worker")
     monkeypatch.setenv("BUILDOPS_WORKER_NICE", "low")
     with buildops.settings.scope(executor="processes"), \
             pytest.raises(buildops.ConfigError, match="BUILDOPS_WORKER_NICE='low'"):
@@ -351,7 +351,7 @@ if __name__ == "__main__":  # workers import the main module as they start (and 
     assert sum(t.name == "buildops-prepare" for t in threading.enumerate()) == 1  # still waiting for torch
     import torch, triton  # the engine's own imports, while the workers start
     from triton.runtime.cache import triton_key
-    from buildops.backends.triton.pool import workers
+    from buildops.backends.triton.worker import workers
 
     def prepared():
         done = not any(t.name.startswith("buildops-prepare") for t in threading.enumerate())
@@ -437,7 +437,7 @@ NO_GUARD = r"""
 import buildops.startup
 assert buildops.startup.start_build_workers()  # at import, with no `if __name__ == "__main__":`
 import concurrent.futures
-from buildops.backends.triton.pool import workers
+from buildops.backends.triton.worker import workers
 workers.get()
 concurrent.futures.wait(workers._starting, timeout=100)
 print("workers warm" if workers.warm() else "workers not warm")  # a worker running this module would print too

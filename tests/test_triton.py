@@ -23,8 +23,8 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 from buildops.backends.triton import autotune, driver, patches, record  # noqa: E402
 from buildops.backends.triton import build as triton_build  # noqa: E402
 from buildops.backends.triton import late as triton_late  # noqa: E402
-from buildops.backends.triton.pool import workers as triton_workers  # noqa: E402
 from buildops.backends.triton.stand_ins import stand_in  # noqa: E402
+from buildops.backends.triton.worker import workers as triton_workers  # noqa: E402
 
 ORIGINAL_JIT_RUN = JITFunction.run
 

@@ -44,8 +44,7 @@ from .._runtime.turns import urgency
 from . import extensions
 from .build import Build, BuildRecord, BuildState, BuildTimeoutError, OpStats, Outcome, Record, outcome_of
 from .claims import claim, release
-from .lanes import Lanes
-from .serial import SerialQueue
+from .lanes import Lanes, SerialQueue
 from .sharing import StoreCounts, StoreSharing, store_sharing
 from .waiting import wait_until_done
 from .watchdog import Watchdog, abandon, stuck, stuck_gpu_builds

@@ -15,7 +15,7 @@ bt = pytest.importorskip("buildops.backends.triton")
 from triton.runtime.cache import FileCacheManager  # noqa: E402
 
 from buildops.backends.triton import artifacts  # noqa: E402
-from buildops.backends.triton.pool import workers as triton_workers  # noqa: E402
+from buildops.backends.triton.worker import workers as triton_workers  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,8 @@ a tensor), ``record`` (launches recorded as builds), ``pending`` (what a recorde
 after the pass), ``interpret`` (Triton's interpreter: launches listed, nothing to compile), ``build`` (a build's
 compile and load), ``autotune`` (autotuning in the build), ``tunings`` (a tuner's choices: kept, nearest),
 ``serving`` (no tuning on a serving thread after a pass), ``patches`` (Triton steps serialised while building),
-``late`` (late compiles), ``pool``, ``worker``, ``preload`` and ``warm`` (worker processes). Importing this package
+``late`` (late compiles), ``worker`` (the worker processes' pool, and what runs in them), ``preload`` and ``warm``
+(what their forkserver imports), ``startup`` (the pool started early) and ``doctor``. Importing this package
 imports neither Triton nor torch: the forkserver imports its ``preload`` module before torch. The public names load
 on first use.
 """

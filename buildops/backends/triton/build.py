@@ -25,8 +25,8 @@ from ..._runtime.forking import forget_in_child
 from . import entries, worker
 from .driver import compile_only, inner_jit, kernel_name
 from .patches import building
-from .pool import workers
 from .shipping import KeyMismatch, ShippedKernel, describe
+from .worker import workers
 
 __all__ = ["LAUNCHER_WAIT_SECONDS", "WarmupRun", "hash_triton_install"]
 

@@ -18,9 +18,8 @@ from typing import Any
 from ..._core.build import Build, Outcome
 from .build import WarmupRun, importable_reference
 from .entries import TritonEntries
-from .pool import workers
 from .shipping import ShippedKernel, describe
-from .worker import prebuild
+from .worker import prebuild, workers
 
 __all__ = ["entry", "prebuild_build"]
 

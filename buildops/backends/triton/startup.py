@@ -53,7 +53,7 @@ def start_workers() -> bool:
         return False
     import sysconfig  # here: its import reads the environment, which importing buildops must not
 
-    from .pool import workers
+    from .worker import workers
 
     # Filled here, on the engine's thread: Python fills it lazily and not atomically, and the background imports
     # below (torch's dynamo) read it while the engine's own imports (Triton's) may read it too

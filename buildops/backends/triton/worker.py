@@ -1,8 +1,10 @@
-"""What runs inside a Triton build worker process: compile one kernel variant into the shared Triton cache.
+"""Triton's build worker processes: the pool (:data:`workers`), and what runs inside a worker: compile one kernel
+variant into the shared Triton cache.
 
 Kept apart from the rest of the Triton backend, and torch-free at import, so that a worker imports only this and
-Triton: a kernel comes as source (:mod:`.shipping`), or, where it cannot, by its module's name. Workers never
-initialise a GPU: they compile for the target each build names through a compile-only driver.
+Triton (and ``startup.start_build_workers()`` can start the pool before the engine imports torch): a kernel comes
+as source (:mod:`.shipping`), or, where it cannot, by its module's name. Workers never initialise a GPU: they
+compile for the target each build names through a compile-only driver.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from ..._config import settings
 from ..._runtime.patching import Patch
+from ..._runtime.pools import WorkerPool
 
 logger = logging.getLogger("buildops")
 
@@ -268,3 +272,17 @@ def prebuild(kernel: Any, args: tuple, kwargs: dict, cache_dir: str, target: tup
         else:
             compiled = compile_shipped(kernel, args, kwargs, cache_dir, target)
     return compiled, sorted(used)
+
+
+# -- the pool ----------------------------------------------------------------------------------------------------
+
+# What the forkserver that forks the workers imports, in order: Triton, with its install's hash begun on a thread;
+# then torch, meanwhile, and a first compile once that hash is done. Never the main module: the pool keeps it out of
+# the forkserver's list and out of what each worker is told to import, so a script's module-level code runs once.
+FORKSERVER_PRELOAD_FIRST = ("buildops.backends.triton.preload",)
+FORKSERVER_PRELOAD = ("buildops.backends.triton.warm",)
+
+# Workers learn the target with each build, not when they start: starting them (maybe before the engine picked its
+# GPU) must not initialise CUDA in this process, which asking for the target does.
+workers = WorkerPool("Triton build", lambda: settings.threads, start, warm_up=ready,
+                     preload=FORKSERVER_PRELOAD, preload_first=FORKSERVER_PRELOAD_FIRST)
