@@ -66,8 +66,9 @@ def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int, seed: in
     """One start (in this process): the arm's warmup, timed, then the check at random Ms."""
     import torch
 
-    from buildops.backends.deep_gemm import run_shape, shape_ms
-    from buildops.backends.deep_gemm_entries import entry_names
+    from buildops.backends.deep_gemm import shape_ms
+    from buildops.backends.deep_gemm.entries import entry_names
+    from buildops.backends.deep_gemm.runs import run_shape
 
     shapes = _shapes(model)
     device = "cuda:0"

@@ -53,7 +53,7 @@ def main() -> None:
             build = deep_gemm_builds([GemmShape("dense", 256, 256)], args.runs, mode="full",
                                      module="fake_deep_gemm", device="cpu")[0]
             if executor == "processes":  # start the worker first: measure the build, not a process start
-                from buildops.backends.deep_gemm import _pool
+                from buildops.backends.deep_gemm.runs import pool as _pool
                 _pool.get().submit(int).result()
             future = buildops._core.default.default_builder().submit(build)
             threading.Event().wait(0.05)

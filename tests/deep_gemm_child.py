@@ -19,7 +19,7 @@ from torch import nn
 import buildops
 from buildops import build_pass, late_compiles, model_created, register_family, report
 from buildops.backends.deep_gemm import DeepGemmFamily, find_gemm_shapes
-from buildops.backends.deep_gemm_entries import entry_names
+from buildops.backends.deep_gemm.entries import entry_names
 
 FP8 = torch.float8_e4m3fn
 

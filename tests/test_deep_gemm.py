@@ -127,7 +127,7 @@ def test_the_family_takes_any_sequence_of_layouts_and_integer_token_counts():
 
 
 def test_deep_gemms_cache_is_found_where_its_compiler_puts_it(monkeypatch, tmp_path):
-    from buildops.backends.deep_gemm_entries import cache_root
+    from buildops.backends.deep_gemm.entries import cache_root
 
     monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "dg"))
     assert cache_root() == tmp_path / "dg"
@@ -164,7 +164,8 @@ def test_a_worker_gives_its_cached_gpu_memory_back_after_each_run(fake, monkeypa
     engine and of the gate's checks elsewhere. Here in-process, with the GPU faked: the run, then the emptying."""
     import contextlib
 
-    from buildops.backends import deep_gemm, deep_gemm_knobs
+    from buildops.backends.deep_gemm import knobs as deep_gemm_knobs
+    from buildops.backends.deep_gemm import runs as deep_gemm
 
     monkeypatch.setattr(deep_gemm_knobs, "_worker_defaults", {})  # what a worker notes of its settings
     events = []
@@ -512,7 +513,8 @@ def test_builds_run_with_the_engines_deep_gemm_settings(fake, tmp_path, calls, e
 def test_a_worker_puts_back_its_defaults_for_a_build_that_gives_none(fake, tmp_path, calls, monkeypatch):
     """A worker runs builds made under different settings in turn: one the engine gave no settings (it had not
     imported DeepGEMM) runs with the defaults, not with the previous build's."""
-    from buildops.backends import deep_gemm, deep_gemm_knobs
+    from buildops.backends.deep_gemm import knobs as deep_gemm_knobs
+    from buildops.backends.deep_gemm import runs as deep_gemm
 
     monkeypatch.setattr(deep_gemm_knobs, "_worker_defaults", {})
     shape = GemmShape("dense", 256, 128)
@@ -526,7 +528,7 @@ def test_only_settings_changed_from_deep_gemms_defaults_are_taken(fake, monkeypa
     that did not (a build-only node) shares its builds with one that did."""
     import sys
 
-    from buildops.backends.deep_gemm_knobs import engine_knobs
+    from buildops.backends.deep_gemm.knobs import engine_knobs
 
     def key():
         return deep_gemm_builds([GemmShape("dense", 256, 128)], 8, module="fake_deep_gemm", device="cpu")[0].key
@@ -549,7 +551,7 @@ def test_only_settings_changed_from_deep_gemms_defaults_are_taken(fake, monkeypa
 def test_the_identity_covers_deep_gemms_include_dir(fake, monkeypatch, tmp_path):
     from pathlib import Path
 
-    from buildops.backends import deep_gemm_entries
+    from buildops.backends.deep_gemm import entries as deep_gemm_entries
 
     assert deep_gemm_entries._include_dir("fake_deep_gemm") == str(Path(fake.__file__).parent / "include")
 
@@ -563,7 +565,7 @@ def test_the_identity_covers_deep_gemms_include_dir(fake, monkeypatch, tmp_path)
 
 
 def test_nvcc_is_found_as_deep_gemm_finds_it(monkeypatch, tmp_path):
-    from buildops.backends import deep_gemm_entries
+    from buildops.backends.deep_gemm import entries as deep_gemm_entries
 
     nvcc = tmp_path / "cuda" / "bin" / "nvcc"
     nvcc.parent.mkdir(parents=True)
@@ -584,11 +586,11 @@ def test_nvcc_is_found_as_deep_gemm_finds_it(monkeypatch, tmp_path):
 def watched_fake(fake, monkeypatch):
     """The fake, watched for late compiles as ``deep_gemm`` is (the watcher is registered for that name)."""
     from buildops._core import extensions
-    from buildops.backends.deep_gemm_late import note_module
+    from buildops.backends.deep_gemm.late import note_module
 
     monkeypatch.setattr(extensions, "_backends", dict(extensions._backends))
     extensions.register(extensions.Backend("fake_deep_gemm", "fake_deep_gemm", late_watchers=(
-        "buildops.backends.deep_gemm_late:watch_late_compiles",)))
+        "buildops.backends.deep_gemm.late:watch_late_compiles",)))
     note_module("fake_deep_gemm")  # as a build of it does
     return fake
 
@@ -622,7 +624,7 @@ def test_a_deep_gemm_kernel_compiled_after_a_pass_is_a_late_compile(watched_fake
 
 def test_a_call_during_a_deep_gemm_build_reports_nothing(watched_fake, tmp_path):
     """An entry that appears while a build of this process runs may be the build's (which takes it)."""
-    from buildops.backends.deep_gemm_entries import making_entries
+    from buildops.backends.deep_gemm.entries import making_entries
 
     fake = watched_fake
     with build_pass("warmup"):

@@ -172,7 +172,7 @@ def jit_dir(flashinfer_env, tmp_path, monkeypatch):
 def _installed_silu():
     from flashinfer.jit.activation import gen_act_and_mul_module
 
-    from buildops.backends.flashinfer_store import FlashInferModule
+    from buildops.backends.flashinfer.store import FlashInferModule
 
     spec = gen_act_and_mul_module("silu")
     module = FlashInferModule(spec)
@@ -194,7 +194,7 @@ def test_an_installed_module_is_built_by_no_ninja_until_its_library_changes(jit_
 
 
 def test_a_tampered_marker_leaves_the_module_to_ninja(jit_dir):
-    from buildops.backends.flashinfer_store import MARKERS
+    from buildops.backends.flashinfer.store import MARKERS
 
     spec, module, library = _installed_silu()
     marker = library.parent.parent / MARKERS / module.identity()
@@ -208,7 +208,7 @@ def test_a_tampered_marker_leaves_the_module_to_ninja(jit_dir):
 def test_an_install_never_replaces_a_library_that_is_there(jit_dir):
     from flashinfer.jit.activation import gen_act_and_mul_module
 
-    from buildops.backends.flashinfer_store import FlashInferModule
+    from buildops.backends.flashinfer.store import FlashInferModule
 
     spec = gen_act_and_mul_module("silu")
     library = Path(spec.jit_library_path)

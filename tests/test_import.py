@@ -67,13 +67,13 @@ def test_no_public_name_hides_a_module():
 
 
 def test_the_version_is_the_distributions():
-    """pyproject.toml takes the version from ``buildops.__version__``; an installed distribution reports it."""
+    """pyproject.toml takes the version from ``buildops/_version.py``; an installed distribution reports it."""
     import pathlib
     import re
     from importlib.metadata import PackageNotFoundError, version
 
     pyproject = (pathlib.Path(buildops.__file__).parents[1] / "pyproject.toml").read_text()
-    assert 'dynamic = ["version"]' in pyproject and 'version = { attr = "buildops.__version__" }' in pyproject
+    assert 'dynamic = ["version"]' in pyproject and 'version = { attr = "buildops._version.__version__" }' in pyproject
     assert re.fullmatch(r"\d+\.\d+\.\d+", buildops.__version__)
     try:
         installed = version("buildops")

@@ -27,11 +27,11 @@ register(Backend(
 ))
 register(Backend(
     "flashinfer", "flashinfer",
-    late_watchers=("buildops.backends.flashinfer:watch_late_compiles",),
-    cache="buildops.backends.flashinfer:jit_directory",
+    late_watchers=("buildops.backends.flashinfer.builds:watch_late_compiles",),
+    cache="buildops.backends.flashinfer.builds:jit_directory",
 ))
 register(Backend(
     "deep_gemm", "deep_gemm",
-    late_watchers=("buildops.backends.deep_gemm_late:watch_late_compiles",),
-    cache="buildops.backends.deep_gemm_entries:cache_root",
+    late_watchers=("buildops.backends.deep_gemm.late:watch_late_compiles",),
+    cache="buildops.backends.deep_gemm.entries:cache_root",
 ))

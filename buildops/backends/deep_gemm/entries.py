@@ -26,10 +26,10 @@ from collections.abc import Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._runtime.forking import forget_in_child
-from .._runtime.toolchain import tool_version
-from .cache_entries import CacheEntries
-from .deep_gemm_knobs import device_arch
+from ..._runtime.forking import forget_in_child
+from ..._runtime.toolchain import tool_version
+from ..cache_entries import CacheEntries
+from .knobs import device_arch
 
 __all__ = ["DeepGemmEntries", "cache_root", "entries_being_made", "entry_names", "making_entries"]
 

@@ -1,7 +1,7 @@
 """FlashInfer's ``JitSpec.build`` as buildops patches it, held until ``buildops.testing.reset()``.
 
-Two patches may wrap it at once: the late-compile watch (:mod:`.flashinfer`) and the skip of modules installed from
-the build store (:mod:`.flashinfer_store`). Each wraps whatever it finds, so they are released in the reverse order
+Two patches may wrap it at once: the late-compile watch (:mod:`.builds`) and the skip of modules installed from
+the build store (:mod:`.store`). Each wraps whatever it finds, so they are released in the reverse order
 of their taking: released in any other order, the first would put the original back under the second, and the
 second would then put the first's wrapper back for good.
 """
@@ -12,9 +12,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .._runtime.forking import forget_in_child
-from .._runtime.hooks import on_reset
-from .._runtime.patching import Patch
+from ..._runtime.forking import forget_in_child
+from ..._runtime.hooks import on_reset
+from ..._runtime.patching import Patch
 
 __all__ = ["hold"]
 

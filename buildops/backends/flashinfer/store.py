@@ -36,9 +36,9 @@ from typing import Any
 
 from filelock import FileLock
 
-from .._runtime.files import write_atomically
-from .._runtime.toolchain import tool_version
-from . import _flashinfer_build
+from ..._runtime.files import write_atomically
+from ..._runtime.toolchain import tool_version
+from . import build_patch
 
 __all__ = ["FlashInferModule", "shareable"]
 
@@ -163,7 +163,7 @@ def _skip_placed_modules() -> None:
     """From now until ``buildops.testing.reset()``, FlashInfer runs no ninja for a module placed here."""
     from flashinfer.jit.core import JitSpecNvcc
 
-    _flashinfer_build.hold("skip placed modules", [JitSpecNvcc], _skipping_build,
+    build_patch.hold("skip placed modules", [JitSpecNvcc], _skipping_build,
                            "FlashInfer 0.7 leaves a JIT module's freshness to ninja, whose state names this node's "
                            "paths: a library installed from the build store would be compiled again")
 

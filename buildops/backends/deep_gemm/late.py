@@ -21,12 +21,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .._core.builder import on_builder_thread
-from .._core.late import LateCompile, LateCompileError, caller, record
-from .._runtime.forking import forget_in_child
-from .._runtime.hooks import on_reset
-from .._runtime.patching import Patch
-from .deep_gemm_entries import cache_root, entries_being_made
+from ..._core.builder import on_builder_thread
+from ..._core.late import LateCompile, LateCompileError, caller, record
+from ..._runtime.forking import forget_in_child
+from ..._runtime.hooks import on_reset
+from ..._runtime.patching import Patch
+from .entries import cache_root, entries_being_made
 
 __all__ = ["ENTRY_POINTS", "note_built", "note_module", "watch_late_compiles"]
 

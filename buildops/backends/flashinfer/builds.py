@@ -1,23 +1,4 @@
-"""FlashInfer JIT modules, built compile-only with FlashInfer's own machinery and lock.
-
-A build takes FlashInfer's per-module file lock (``JitSpec.lock_path``, the one ``build_and_load`` takes) and runs
-``JitSpec.build``: ninja and nvcc write the module into FlashInfer's JIT cache, and nothing is loaded. The first
-call that needs the module loads it: its ``build_and_load`` runs ninja, finds the outputs up to date and compiles
-nothing. That holds only if the later call sees the same build description: the same environment (FlashInfer's
-``FLASHINFER_*`` build settings, ``CUDA_HOME``), the same ``ninja``, the same workspace.
-
-With a build store (``BUILDOPS_STORE``), an nvcc module's library is shared across nodes
-(:mod:`.flashinfer_store`): a node that fetches it runs no ninja for it, in its build or in the first call.
-
-Two processes building one module take turns on the lock; the second finds it built. Builds run on the builder's
-threads (ninja and nvcc are subprocesses, so the GIL is free); at most one per 4 GiB of memory runs at once, since
-one nvcc of an attention module can take several GiB.
-
-:data:`PLAN_LOOKUPS` are the module getters a FlashInfer attention wrapper's ``plan()`` calls; with
-:func:`buildops.backends.variants.variants` they turn a plan into the builds of the modules it would need.
-
-Imported on demand; FlashInfer reads its build settings when it is imported.
-"""
+"""FlashInfer module builds (:func:`module_builds`), their runs, and the watch for modules compiled late."""
 
 from __future__ import annotations
 
@@ -29,13 +10,13 @@ from typing import Any
 
 from filelock import FileLock
 
-from .._config import settings
-from .._core.build import Build, Outcome
-from .._core.builder import on_builder_thread
-from .._core.late import LateCompile, caller, record
-from .._runtime.forking import forget_in_child
-from . import _flashinfer_build
-from .flashinfer_store import FlashInferModule, shareable
+from ..._config import settings
+from ..._core.build import Build, Outcome
+from ..._core.builder import on_builder_thread
+from ..._core.late import LateCompile, caller, record
+from ..._runtime.forking import forget_in_child
+from . import build_patch
+from .store import FlashInferModule, shareable
 
 __all__ = ["PLAN_LOOKUPS", "jit_directory", "module_builds", "watch_late_compiles"]
 
@@ -97,7 +78,7 @@ class _ModuleBuild:
 
 def module_builds(op: str, specs: Iterable) -> list[Build]:
     """One build per FlashInfer ``JitSpec``; an nvcc module's build is shared through the build store
-    (``BUILDOPS_STORE``, :mod:`buildops.backends.flashinfer_store`).
+    (``BUILDOPS_STORE``, :mod:`.store`).
 
     Args:
         op: the op the builds are reported under.
@@ -141,6 +122,6 @@ def watch_late_compiles() -> None:
     from flashinfer.jit import core
 
     classes = [c for c in vars(core).values() if isinstance(c, type) and issubclass(c, core.JitSpec)]
-    _flashinfer_build.hold("late compiles", classes, _reporting_build,
+    build_patch.hold("late compiles", classes, _reporting_build,
                            "FlashInfer 0.7 has no hook after a JIT module compiles")
 

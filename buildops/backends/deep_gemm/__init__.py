@@ -1,0 +1,27 @@
+"""DeepGEMM builds by running: its kernels compile the first time they run a shape, so a build runs them.
+
+DeepGEMM has no compile-only API. A build here runs one GEMM entry point (``fp8_gemm_nt`` for dense layers,
+``m_grouped_fp8_gemm_nt_contiguous`` / ``m_grouped_fp8_gemm_nt_masked`` for MoE experts) on dummy operands for
+one weight shape at every M of a sweep, so that every kernel the layer will need is compiled into DeepGEMM's own
+cache before serving. Dummy operands are admitted by the GPU memory gate (``BUILDOPS_GPU_RESERVE_MB``) and the
+runs go on a worker stream.
+
+DeepGEMM's binding holds the GIL while it compiles, so a build on a thread would stop every other Python thread of
+the process for the whole compile. Builds therefore run in spawned worker processes, each with its own CUDA context,
+which fill DeepGEMM's disk cache; the process's own first call then loads the kernel from there
+(docs/decisions/0013-deep-gemm-in-worker-processes.md). ``BUILDOPS_EXECUTOR=threads`` keeps them on the builder's
+threads instead.
+
+DeepGEMM's process-global settings (``set_num_sms`` and the like) as this process has them when the builds are
+made are part of each build's key and are set in the worker before it runs (:mod:`.knobs`).
+
+Imported on demand; ``deep_gemm`` itself is imported only when a build runs.
+"""
+
+from __future__ import annotations
+
+from .builds import DeepGemmFamily, deep_gemm_builds
+from .shapes import GemmShape, contiguous_rows, find_gemm_shapes, m_values, shape_ms
+
+__all__ = ["DeepGemmFamily", "GemmShape", "contiguous_rows", "deep_gemm_builds", "find_gemm_shapes", "m_values",
+           "shape_ms"]

@@ -1,0 +1,120 @@
+"""DeepGEMM builds: one per weight shape, each running its sweep of Ms (:class:`.runs.GemmRun`), and the op family
+that lists them from a model."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..._core.build import Build
+from .entries import DeepGemmEntries
+from .knobs import (
+    device_arch,
+    device_sms,
+    engine_knobs,
+)
+from .late import note_module
+from .runs import GemmRun
+from .shapes import ALIGN_M, KINDS, GemmShape, checked_grouped, find_gemm_shapes, shape_ms
+
+__all__ = ["DeepGemmFamily", "deep_gemm_builds"]
+
+def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = "deep_gemm",
+                     device: torch.device | str | None = None, mode: str | None = None,
+                     module: str = "deep_gemm", top_k: int = 1) -> list[Build]:
+    """One build per distinct shape and M set: the shape's DeepGEMM entry point run at every M of the sweep.
+    A ``contiguous`` shape's sweep goes up to :func:`contiguous_rows`: its M is the padded rows, not the tokens.
+
+    Args:
+        shapes: the weight shapes to build.
+        max_tokens: the largest number of tokens (see :func:`m_values`).
+        op: the op the builds are reported under.
+        device: the GPU the runs go to (default: the current one, or the CPU without a GPU).
+        mode: the M sweep, as for :func:`m_values`.
+        module: the module that provides DeepGEMM's API (tests pass a fake with the same signatures).
+        top_k: the experts each token is routed to (the rows per token of a ``contiguous`` shape).
+    """
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"deep_gemm_builds({op!r}) top_k={top_k!r}: expected an int >= 1")
+    try:
+        if isinstance(max_tokens, bool):
+            raise TypeError
+        max_tokens = operator.index(max_tokens)  # an int, or a NumPy or torch integer
+    except TypeError:
+        raise TypeError(f"deep_gemm_builds({op!r}) max_tokens={max_tokens!r}: expected an int, the most tokens a "
+                        f"forward takes") from None
+    shapes = list(shapes)
+    for shape in shapes:
+        if not isinstance(shape, GemmShape):
+            raise TypeError(f"deep_gemm_builds({op!r}) shapes: {shape!r} is not a GemmShape; make one with "
+                            f"GemmShape('dense', n, k) or GemmShape('contiguous', n, k, experts)")
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    knobs = engine_knobs(module, device)
+    changed = dict(knobs)
+    sms = changed.get("num_sms") or device_sms(device)
+    align_m = changed.get("mk_alignment_for_contiguous_layout") or ALIGN_M
+    note_module(module)
+    builds: dict[tuple, Build] = {}
+    for shape in shapes:
+        ms = shape_ms(shape, max_tokens, mode, sms, top_k, align_m)
+        if not ms:
+            continue
+        # The GPU's kind, not its index: the ranks of a node on GPUs of one kind need the same kernels, and one
+        # key makes one of them compile them (node claims) while the others load them from the shared cache.
+        key = ("deep_gemm", module, shape, ms, knobs, device_arch(device), sms)
+        label = f"{KINDS[shape.kind]} E={shape.experts} N={shape.n} K={shape.k} x {len(ms)} M"
+        run = GemmRun(module, shape, ms, str(device), op, knobs)
+        artifact = DeepGemmEntries(key, module, str(device), run)
+        builds[key] = Build(op, key, run, uses_gpu=device.type == "cuda", label=label, library="deep_gemm",
+                            artifact=artifact, abandon=run.abandon)
+    return list(builds.values())
+
+
+class DeepGemmFamily:
+    """An op family (see :func:`buildops.model_created`) for models with FP8 weights: DeepGEMM builds of every
+    weight shape, for M up to ``max_tokens(config)``; the shapes come from the parameters' shapes, so the builds
+    can start before the weights are loaded.
+
+    Args:
+        max_tokens: the largest number of tokens, given the model's config.
+        grouped: as for :func:`find_gemm_shapes`.
+        module: as for :func:`deep_gemm_builds`.
+        top_k: the experts each token is routed to, given the model's config (default 1).
+    """
+
+    name = "deep_gemm"
+
+    def __init__(self, max_tokens: Callable[[Any], int], grouped: Sequence[str] = ("contiguous",),
+                 module: str = "deep_gemm", top_k: Callable[[Any], int] | None = None) -> None:
+        if not callable(max_tokens):
+            raise TypeError(_not_a_function("max_tokens", max_tokens, "config.max_num_batched_tokens"))
+        if top_k is not None and not callable(top_k):
+            raise TypeError(_not_a_function("top_k", top_k, "config.num_experts_per_tok"))
+        self.max_tokens, self.module, self.top_k = max_tokens, module, top_k
+        self.grouped = checked_grouped(grouped, "DeepGemmFamily")
+
+    def recognizes(self, model: Any, config: Any) -> bool:
+        """Whether ``model`` is a torch module with FP8 weights."""
+        return isinstance(model, nn.Module) and bool(find_gemm_shapes(model, self.grouped))
+
+    def builds(self, model: Any, config: Any) -> list[Build]:
+        """The DeepGEMM builds of ``model``'s FP8 weight shapes, on the device they are on (the current GPU for
+        weights on ``meta``, which have no storage yet)."""
+        device = next((p.device for p in model.parameters() if p.dtype == torch.float8_e4m3fn), None)
+        if device is not None and device.type == "meta":
+            device = None
+        return deep_gemm_builds(find_gemm_shapes(model, self.grouped), self.max_tokens(config), op=self.name,
+                                device=device, module=self.module, top_k=self.top_k(config) if self.top_k else 1)
+
+
+def _not_a_function(name: str, given: object, example: str) -> str:
+    return (f"DeepGemmFamily({name}={given!r}): expected a function of the model's config, "
+            f"e.g. {name}=lambda config: {example}")
+
+

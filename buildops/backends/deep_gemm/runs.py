@@ -1,0 +1,162 @@
+"""A DeepGEMM build's run: its GEMMs on dummy operands, in a worker process (or on a builder thread), filling
+DeepGEMM's disk cache."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..._config import settings
+from ..._runtime.gpu import run_admitted
+from ..._runtime.pools import WorkerPool
+from .entries import entries_being_made, entry_names, making_entries
+from .knobs import (
+    Knobs,
+    contiguous_alignment,
+    on_device,
+    set_in_worker,
+)
+from .late import note_built
+from .shapes import BLOCK, KINDS, MASKED_ROWS, GemmShape, align, rows_for
+
+__all__ = ["GemmRun", "pool", "run_shape", "run_shape_in_worker"]
+
+# Worker processes at most: each holds a CUDA context (hundreds of MiB), and DeepGEMM's nvcc runs use several cores.
+_MAX_WORKERS = 4
+
+pool = WorkerPool("DeepGEMM build", lambda: max(1, min(settings.threads, _MAX_WORKERS)))
+
+
+
+@dataclass(frozen=True)
+class GemmRun:
+    module: str
+    shape: GemmShape
+    ms: tuple[int, ...]
+    device: str
+    op: str
+    knobs: Knobs  # engine_knobs(): set in a worker before it runs
+    given_up: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    in_worker: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    entries: set[str] = field(default_factory=set, compare=False, repr=False)  # new in DeepGEMM's cache (store)
+    # Set when no other build or install of this process ran beside it: its new entries are then its own compiles
+    alone: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+
+    def abandon(self) -> None:
+        """Given up as timed out (``Build`` contract): stop the workers if the run is stuck in one."""
+        self.given_up.set()
+        if self.in_worker.is_set():
+            pool.stop_workers()
+
+    def __call__(self) -> None:
+        with making_entries():
+            making = entries_being_made()
+            before = entry_names()
+            try:
+                self._run()
+            finally:
+                made = entry_names() - before
+                self.entries.update(made)
+                note_built(self.op, made)
+                if making[0] == 1 and entries_being_made() == making:
+                    self.alone.set()
+
+    def _run(self) -> None:
+        reserve = settings.gpu_reserve_mb  # read here: a worker process does not see this process's overrides
+        if settings.executor == "threads":
+            run_shape(self.module, self.shape, self.ms, self.device, reserve)
+            return
+        self.in_worker.set()
+        try:
+            pool.run(str(self.shape), run_shape_in_worker, self.module, self.shape, self.ms, self.device, reserve,
+                      self.knobs, given_up=self.given_up)
+        finally:
+            self.in_worker.clear()
+
+
+def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int,
+              knobs: Sequence[tuple[str, Any]] | None = None) -> int:
+    """Run ``shape``'s entry point at every M (in whatever process this is); returns the number of runs.
+    ``knobs``: DeepGEMM settings to set first (a worker's only, never the engine's: :mod:`.knobs`)."""
+    deep_gemm = importlib.import_module(module)
+    entry = getattr(deep_gemm, KINDS[shape.kind])
+    dev = torch.device(device)
+    with on_device(dev):
+        if knobs is not None:
+            set_in_worker(deep_gemm, module, knobs)
+        align_m = contiguous_alignment(deep_gemm)
+    m_max = max(ms)
+    # The contiguous kind's calls see rows, not tokens: Ms that pad to the same rows are one call.
+    calls = sorted({rows_for(shape, m, align_m) for m in ms}) if shape.kind == "contiguous" else list(ms)
+
+    def make():
+        return _operands(shape, m_max, dev, align_m)
+
+    def run(operands):
+        for m in calls:
+            _call(entry, shape, operands, m)
+
+    # The reserve as an argument, not a settings.scope: scopes are process-wide, and builds run side by side.
+    run_admitted(dev, shape.operand_bytes(m_max, align_m), make, run, f"DeepGEMM {KINDS[shape.kind]} {shape}",
+                 reserve_mb)
+    return len(calls)
+
+
+def run_shape_in_worker(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int,
+                        knobs: Sequence[tuple[str, Any]] = ()) -> int:
+    """:func:`run_shape` in a build worker process, with DeepGEMM's settings as ``knobs`` gives them (the others
+    at this worker's defaults), whose cached GPU memory then goes back to the driver. Torch keeps freed operands'
+    memory cached in the process that freed them, where only that process can use it: the engine, and the gate's
+    checks in the node's other processes, see what the driver has free."""
+    try:
+        return run_shape(module, shape, ms, device, reserve_mb, knobs)
+    finally:
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _operands(shape: GemmShape, m_max: int, device: torch.device, align_m: int) -> dict:
+    fp8, kb, nb = torch.float8_e4m3fn, math.ceil(shape.k / BLOCK), math.ceil(shape.n / BLOCK)
+    rows = rows_for(shape, m_max, align_m)
+    if shape.kind == "masked":
+        # Each expert's rows (max_m) a multiple of 64, as engines' dispatch buffers are: DeepGEMM does not check
+        # it, and its tiles then read and write across experts.
+        max_m = align(m_max, MASKED_ROWS)
+        a_shape, d_shape = (shape.experts, max_m, shape.k), (shape.experts, max_m, shape.n)
+        a_scale = (shape.experts, max_m, kb)
+    else:
+        a_shape, d_shape, a_scale = (rows, shape.k), (rows, shape.n), (rows, kb)
+    b_shape = (shape.n, shape.k) if shape.kind == "dense" else (shape.experts, shape.n, shape.k)
+    b_scale = (nb, kb) if shape.kind == "dense" else (shape.experts, nb, kb)
+    operands = {
+        "a": torch.empty(a_shape, dtype=fp8, device=device),
+        "a_scale": torch.ones(a_scale, dtype=torch.float32, device=device),  # row-major, as most engines pass it
+        "b": torch.empty(b_shape, dtype=fp8, device=device),
+        "b_scale": torch.ones(b_scale, dtype=torch.float32, device=device),
+        "d": torch.empty(d_shape, dtype=torch.bfloat16, device=device),
+    }
+    if shape.kind == "contiguous":
+        # Each block of align_m rows belongs to one expert, all experts in turn, so that every expert's rows start
+        # at a multiple of the alignment; the rows after the last token are padding (-1), as DeepGEMM's tests mark
+        # them. A prefix of whole blocks keeps that layout.
+        layout = (torch.arange(rows, device=device, dtype=torch.int32) // align_m) % shape.experts
+        layout[m_max:] = -1
+        operands["grouped_layout"] = layout
+    return operands
+
+
+def _call(entry, shape: GemmShape, o: dict, m: int) -> None:
+    """One call at ``m`` tokens (``contiguous``: ``m`` rows, a multiple of the alignment)."""
+    if shape.kind == "dense":
+        entry((o["a"][:m], o["a_scale"][:m]), (o["b"], o["b_scale"]), o["d"][:m])
+    elif shape.kind == "contiguous":
+        entry((o["a"][:m], o["a_scale"][:m]), (o["b"], o["b_scale"]), o["d"][:m], o["grouped_layout"][:m])
+    else:
+        masked_m = torch.full((shape.experts,), m, dtype=torch.int32, device=o["a"].device)
+        entry((o["a"], o["a_scale"]), (o["b"], o["b_scale"]), o["d"], masked_m, m)
