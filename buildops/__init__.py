@@ -35,15 +35,17 @@ extensions.add_first_gpu_build_hook("buildops.capture:install_guard")
 # its own.
 _FROM_TORCH_MODULES = {
     "GraphCaptureDuringBuild": "capture", "prepare_graph_capture": "capture",
-    "Op": "_core.ops", "lists_kernels": "_core.ops", "builds_by_running": "_core.running",
+    "Op": "_core.declaring", "lists_kernels": "_core.ops", "builds_by_running": "_core.running",
     "BuildConfig": "_core.specs", "DynamicSpec": "_core.specs", "SpecError": "_core.specs",
-    "TensorSpec": "_core.specs",
+    "TensorSpec": "_core.tensor_specs",
 }
 
 if TYPE_CHECKING:
-    from ._core.ops import Op, lists_kernels
+    from ._core.declaring import Op
+    from ._core.ops import lists_kernels
     from ._core.running import builds_by_running
-    from ._core.specs import BuildConfig, DynamicSpec, SpecError, TensorSpec
+    from ._core.specs import BuildConfig, DynamicSpec, SpecError
+    from ._core.tensor_specs import TensorSpec
     from .capture import GraphCaptureDuringBuild, prepare_graph_capture
 
 

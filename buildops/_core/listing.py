@@ -41,7 +41,8 @@ from .._runtime.forking import forget_in_child
 from . import extensions
 from .build import Build
 from .custom_ops import AtenOverrideRouter, CustomOpRouter, aten_overrides
-from .specs import SpecError, tensor_dims
+from .specs import SpecError
+from .tensor_specs import tensor_dims
 
 __all__ = ["ReplayError", "materialize", "output_template", "replay"]
 

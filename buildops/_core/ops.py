@@ -52,8 +52,9 @@ from .names import claim_name, described, op_name
 from .passes import BuildPass, active, pass_context, shape_key
 from .pending import PendingBuilds
 from .placeholders import Output, Placeholders
-from .specs import BuildConfig, ResolvedConfig, SpecError, TensorSpec, tensor_dims
+from .specs import BuildConfig, ResolvedConfig, SpecError
 from .sweeps import Sweep, listing
+from .tensor_specs import TensorSpec, tensor_dims
 
 logger = logging.getLogger("buildops")
 

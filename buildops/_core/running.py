@@ -19,7 +19,8 @@ from .declaring import Lister, Op, P, R, refuse_bare_use, refuse_unlistable, tra
 from .names import op_name
 from .ops import OpCore
 from .placeholders import Output
-from .specs import BuildConfig, DynamicSpec, SpecError, tensor_dims
+from .specs import BuildConfig, DynamicSpec, SpecError
+from .tensor_specs import tensor_dims
 
 __all__ = ["builds_by_running"]
 

@@ -19,7 +19,7 @@ from triton.runtime.autotuner import Autotuner
 from ..._config import settings
 from ..._core.build import Build, Outcome
 from ..._core.default import current_builder
-from ..._core.specs import TensorSpec
+from ..._core.tensor_specs import TensorSpec
 from ..._runtime.gpu import run_admitted
 from .driver import active_driver, compile_only, inner_jit, kernel_name, target
 from .patches import building

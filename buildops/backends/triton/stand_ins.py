@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ..._core.specs import TensorSpec
+from ..._core.tensor_specs import TensorSpec
 
 __all__ = ["PointerArg", "stand_in"]
 
