@@ -298,6 +298,71 @@ def test_the_process_exits_though_a_worker_is_stuck_in_a_build(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]  # not held for the stuck task's 600 s
 
 
+def test_a_shutdown_before_the_background_start_has_begun_keeps_the_workers_from_starting():
+    import threading
+
+    import buildops
+
+    from conftest import WAIT, until
+
+    pool = WorkerPool("test", lambda: 1)
+    begin, launch = threading.Event(), pool._launch
+    pool._launch = lambda: (begin.wait(WAIT), launch())  # the start's thread, not yet at the pool
+    try:
+        pool.start()
+        buildops.shutdown()
+        assert not pool.started
+        begin.set()
+        assert until(lambda: not any(t.name == "buildops-test-start" for t in threading.enumerate()))
+        assert not pool.started  # not started after the shutdown, with no one left to stop it
+    finally:
+        begin.set()
+        pool.shutdown()
+
+
+def test_no_pool_starts_once_the_exit_has_stopped_the_workers():
+    pool = WorkerPool("test", lambda: 1)
+    pool._at_exit()  # as at interpreter exit
+    with pytest.raises(RuntimeError, match="the interpreter is exiting"):
+        pool.get()
+    assert not pool.started
+
+
+# The workers are still starting as the program ends: their forkserver answers late (as while it imports its
+# preload), and the exit takes a while after multiprocessing's own exit hook (which removes every pool's semaphores).
+EXIT_WHILE_WORKERS_START = r"""
+import atexit, time
+atexit.register(time.sleep, 3)  # registered before multiprocessing's hook, so it runs after it
+
+import multiprocessing.forkserver, os, threading
+from buildops._runtime.pools import WorkerPool
+
+connect, asked = multiprocessing.forkserver.connect_to_new_process, threading.Event()
+
+def answered_late(fds):
+    asked.set()
+    time.sleep(1)
+    return connect(fds)
+
+multiprocessing.forkserver.connect_to_new_process = answered_late
+pool = WorkerPool("test", lambda: 2, warm_up=os.getpid, preload=("json",))
+pool.start()
+assert asked.wait(30)  # the first worker is being forked as the program ends
+"""
+
+
+def test_an_exit_while_the_workers_start_waits_for_them_and_prints_no_traceback(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = tmp_path / "exit_while_starting.py"
+    script.write_text(EXIT_WHILE_WORKERS_START)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]  # no worker forked once its semaphores were gone
+
+
 def main_module_of_this_process():
     """What a worker has of the parent's main module (run in a worker: importable from here)."""
     import sys

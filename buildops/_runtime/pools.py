@@ -49,7 +49,7 @@ __all__ = ["WorkerPool"]
 
 logger = logging.getLogger("buildops")
 
-# How long shutdown() waits for a pool that is starting, where it was given no deadline.
+# How long shutdown() (where it was given no deadline) and the interpreter's exit wait for a pool that is starting.
 START_WAIT_SECONDS = 60.0
 # How often a worker checks that its parent is alive, where it cannot wait on a pidfd.
 PARENT_POLL_SECONDS = 0.5
@@ -149,32 +149,48 @@ class WorkerPool:
         return self._pool is not None or self._launcher is not None
 
     def get(self) -> concurrent.futures.ProcessPoolExecutor:
-        """The pool, started (not necessarily warm yet) if it was not. May block while the workers start."""
+        """The pool, started (not necessarily warm yet) if it was not. May block while the workers start.
+
+        Raises:
+            RuntimeError: a worker imported a main module that starts builds, or the interpreter is exiting.
+        """
         refuse_while_importing_main()
         if self._main_ran is not None:
             raise RuntimeError(self._main_ran)
         with self._lock:
-            if self._pool is None:
-                if not self._hooked:
-                    forget_in_child(self._forget)
-                    on_shutdown.add(self.shutdown)
-                    # At exit, before concurrent.futures' own hook (they run in reverse order), which waits for
-                    # every worker to finish its task: one stuck in a build would hold the exit for good.
-                    register_at_exit = getattr(threading, "_register_atexit", None)
-                    if register_at_exit is not None:
-                        register_at_exit(self._at_exit)
-                    self._hooked = True
-                workers = self._workers()
-                pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=workers, mp_context=context(self._preload, self._preload_first),
-                    initializer=self._worker_start())
-                self._turns.set_limit(workers)
-                if self._warm_up is not None:
-                    self._starting = [pool.submit(self._warm_up) for _ in range(workers)]
-                    if self._starting:  # a start that fails for want of the main guard is said now, not later
-                        self._starting[0].add_done_callback(functools.partial(self._warmed, _worker_processes(pool)))
-                self._pool = pool  # only now: warm() must not see a pool without its warm-up futures
-            return self._pool
+            return self._pool if self._pool is not None else self._start_locked()
+
+    def _start_locked(self) -> concurrent.futures.ProcessPoolExecutor:
+        """Start the pool, under the lock, which is held until every worker is forked."""
+        if self._exiting:  # see _at_exit: no one would stop this pool
+            raise RuntimeError(f"buildops: {self.name} workers not started: the interpreter is exiting")
+        self._hook()
+        workers = self._workers()
+        pool = concurrent.futures.ProcessPoolExecutor(
+            max_workers=workers, mp_context=context(self._preload, self._preload_first),
+            initializer=self._worker_start())
+        self._turns.set_limit(workers)
+        if self._warm_up is not None:
+            self._starting = [pool.submit(self._warm_up) for _ in range(workers)]
+            if self._starting:  # a start that fails for want of the main guard is said now, not later
+                self._starting[0].add_done_callback(functools.partial(self._warmed, _worker_processes(pool)))
+        self._pool = pool  # only now: warm() must not see a pool without its warm-up futures
+        return pool
+
+    def _hook(self) -> None:
+        """Have the pool stopped at ``buildops.shutdown()`` and at exit, and forgotten in a forked child: before
+        it starts, whether on this thread or on start()'s."""
+        with self._launch_lock:
+            if self._hooked:
+                return
+            forget_in_child(self._forget)
+            on_shutdown.add(self.shutdown)
+            # At exit, before concurrent.futures' own hook (they run in reverse order), which waits for every
+            # worker to finish its task: one stuck in a build would hold the exit for good.
+            register_at_exit = getattr(threading, "_register_atexit", None)
+            if register_at_exit is not None:
+                register_at_exit(self._at_exit)
+            self._hooked = True
 
     def _worker_start(self) -> Callable[[], None]:
         # The setting is read here, in this process, as the pool starts: a bad value raises where the pool is asked
@@ -185,6 +201,7 @@ class WorkerPool:
     def start(self) -> None:
         """Start the workers on a thread of their own and return at once."""
         refuse_while_importing_main()
+        self._hook()  # a shutdown() before the pool starts must reach it, to call the start off
         with self._launch_lock:
             if self._pool is not None or self._launcher is not None:
                 return
@@ -192,13 +209,20 @@ class WorkerPool:
             self._launcher.start()
 
     def _launch(self) -> None:
+        me = threading.current_thread()
         try:
-            self.get()
+            if self._main_ran is None:
+                with self._lock:
+                    # Only while this launch is still wanted: once shutdown() has run (and dropped it), a pool
+                    # started here would run with no one to stop it.
+                    if self._launcher is me and self._pool is None:
+                        self._start_locked()
         except Exception:  # e.g. at interpreter exit; a later get() tries again and raises where it is called
             logger.debug("buildops: starting %s workers failed", self.name, exc_info=True)
         finally:
             with self._launch_lock:
-                self._launcher = None
+                if self._launcher is me:  # not a launch that start() began after a shutdown()
+                    self._launcher = None
 
     def warm(self) -> bool:
         """True once the workers have started and every one warmed up without error."""
@@ -286,7 +310,14 @@ class WorkerPool:
             raise RuntimeError(f"buildops: {what} was stopped: the interpreter is exiting")
 
     def _at_exit(self) -> None:
-        self._exiting = True
+        """Stop the workers, and those of a pool still starting, before the interpreter's own exit hooks run."""
+        self._exiting = True  # no pool starts from now on
+        # A pool still starting (get() holds the lock until every worker is forked) is waited for, then stopped: no
+        # one else would. concurrent.futures' hook does not know it yet, and multiprocessing's removes its semaphores
+        # (a worker forked after that fails as it starts, with a traceback) and its call queue's feeder (a worker
+        # already up never gets its stop message), then waits for every worker.
+        if self._lock.acquire(timeout=START_WAIT_SECONDS):
+            self._lock.release()
         self.stop_workers()
 
     def stop_workers(self) -> None:
@@ -313,6 +344,8 @@ class WorkerPool:
         shutdown(timeout=...)``) they are told to stop and not waited for: a worker cannot be waited for a bounded
         time, and one stuck in a build must not hold up the caller; it exits once that build ends, or is killed
         when the build is given up (:meth:`stop_workers`) or at exit."""
+        with self._launch_lock:
+            self._launcher = None  # a start() whose thread has not begun starting the pool does not (see _launch)
         # get() holds the lock while a pool starts, for good where the forkserver's preload hangs (a stuck ptxas
         # in its warm-up compile): wait for it within the deadline, or a bounded time, then go on without it.
         limit = START_WAIT_SECONDS if deadline is None else max(0.0, deadline - time.monotonic())
