@@ -127,3 +127,22 @@ def test_a_rehearsal_that_raises_lists_no_more_of_its_sweeps():
             raise RuntimeError("the model failed")
     assert buildops.join(timeout=WAIT)
     assert replays == [(64, "MainThread")]
+
+
+def test_a_shape_listed_after_a_shutdown_queues_nothing_and_makes_no_new_builder():
+    """buildops.shutdown() while the lister replays a shape of an ended rehearsal: what that replay lists goes to
+    no builder (a new one would start worker pools that no one stops before the exit)."""
+    import time
+
+    from buildops._core.sweeps import wait_for_sweeps
+
+    hold[16] = threading.Event()
+    with rehearsal("startup"):
+        copy(torch.zeros(64, 8))
+    deadline = time.monotonic() + WAIT
+    while (1, "buildops-lister") not in replays and time.monotonic() < deadline:  # then it waits at 16 rows
+        time.sleep(0.01)
+    buildops.shutdown(timeout=WAIT)
+    hold[16].set()  # the replay at 16 rows goes on, after the shutdown
+    assert wait_for_sweeps(timeout=WAIT)
+    assert buildops._core.default.current_builder() is None

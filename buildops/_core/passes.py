@@ -221,9 +221,11 @@ class BuildPass:
         such count, and no futures for :meth:`note_called`.
         """
         builds = list(builds)
+        builder = self._builder
+        if builder is not None and builder.closed and not self._active:
+            return []  # listed after the pass and a shutdown (its sweep's lister): for no builder anyone waits on
         listed = self.outermost._listed
         listed[(op, signature)] = listed.get((op, signature), False) or bool(builds)
-        builder = self._builder
         if builder is None or builder.closed:  # buildops.shutdown() ran inside the pass: on with the new builder
             builder = default_builder()
         futures = [builder.submit(build, owner=self) for build in builds]

@@ -169,8 +169,11 @@ def _helper_cache_dir(utils: subprocess.Popen) -> str | None:
         return None
     stdout = utils.stdout
     assert stdout is not None  # stdout=PIPE
-    out = stdout.read().decode(errors="replace").strip()
-    stdout.close()
+    try:
+        out = stdout.read().decode(errors="replace").strip()
+        stdout.close()
+    except (OSError, ValueError):  # closed by _stop at the interpreter's exit, while this thread read it
+        return None
     if returncode != 0 or not out:
         return None
     return out
