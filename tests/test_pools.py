@@ -287,14 +287,19 @@ if __name__ == "__main__":
 """
 
 
-def test_the_process_exits_though_a_worker_is_stuck_in_a_build(tmp_path):
+def run_script(tmp_path, name, source, timeout):
+    """``source`` written to ``name`` and run as the main script, with this directory importable; its outcome."""
     import subprocess
     import sys
     from pathlib import Path
-    script = tmp_path / "exits.py"
-    script.write_text(EXIT_WITH_A_STUCK_WORKER)
+    script = tmp_path / name
+    script.write_text(source)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_process_exits_though_a_worker_is_stuck_in_a_build(tmp_path):
+    done = run_script(tmp_path, "exits.py", EXIT_WITH_A_STUCK_WORKER, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]  # not held for the stuck task's 600 s
 
 
@@ -352,13 +357,7 @@ assert asked.wait(30)  # the first worker is being forked as the program ends
 
 
 def test_an_exit_while_the_workers_start_waits_for_them_and_prints_no_traceback(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-    script = tmp_path / "exit_while_starting.py"
-    script.write_text(EXIT_WHILE_WORKERS_START)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    done = run_script(tmp_path, "exit_while_starting.py", EXIT_WHILE_WORKERS_START, timeout=60)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]  # no worker forked once its semaphores were gone
 
@@ -452,13 +451,8 @@ warming.shutdown()
 
 def test_a_worker_that_imports_a_main_module_starting_builds_fails_the_call_at_once_with_the_fix(tmp_path):
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
     script = tmp_path / "main_in_workers.py"
-    script.write_text(MAIN_IN_WORKERS)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    done = run_script(tmp_path, script.name, MAIN_IN_WORKERS, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     outcome = json.loads(done.stdout.splitlines()[-1])
     fix = (f"buildops: test workers imported {script} as they started, and it starts builds as it is imported; "
