@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from ._config import settings
-from ._core import extensions
+from ._core import extensions, readiness
 from ._core.default import current_builder
 from ._core.passes import BuildPass, rehearsal
 from ._core.watchdog import stuck_gpu_builds
@@ -167,7 +167,7 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
         loaded = _rehearse_and_load(rehearsing, rehearse, load, name, overlap)
         with phase(f"{name}: wait until ready"):
             _wait_for_ready_builds(rehearsing, ready)
-        _mark_ready()
+        readiness.mark_ready()
         if warm is not None:
             with phase(f"{name}: warm"):
                 warm()
@@ -188,18 +188,10 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
     return loaded
 
 
-_ready_at: float | None = None
-
-
-def _mark_ready() -> None:
-    global _ready_at
-    _ready_at = time.perf_counter()
-
-
 def ready_time() -> float | None:
     """The ``time.perf_counter()`` at which the last :func:`rehearse_then_load` of this process was ready to serve
-    (what reports split tunings by), or None before one was."""
-    return _ready_at
+    (what reports split tunings by, and after which tunings wait for gaps in serving), or None before one was."""
+    return readiness.ready_time()
 
 
 def _cancel_rehearsal(rehearsing: BuildPass, error: BaseException) -> None:

@@ -20,6 +20,8 @@ from conftest import WAIT
     ("BUILDOPS_LATE_COMPILE", "raise", "late_compile", "BUILDOPS_LATE_COMPILE='raise': expected one of warn, error"),
     ("BUILDOPS_TRITON_TARGET", "sm90", "triton_target", "BUILDOPS_TRITON_TARGET='sm90': expected BACKEND:ARCH"),
     ("BUILDOPS_GPU_RESERVE_MB", "1G", "gpu_reserve_mb", "BUILDOPS_GPU_RESERVE_MB='1G': expected a whole number of MiB"),
+    ("BUILDOPS_TUNE_GAP_MS", "0.5", "tune_gap_ms",
+     "BUILDOPS_TUNE_GAP_MS='0.5': expected a whole number of milliseconds"),
     ("BUILDOPS_SWITCH_INTERVAL_US", "0.2ms", "switch_interval_us",
      "BUILDOPS_SWITCH_INTERVAL_US='0.2ms': expected a whole number of microseconds"),
     ("BUILDOPS_DEEP_GEMM_M", "all", "deep_gemm_m", "BUILDOPS_DEEP_GEMM_M='all': expected one of relaxed, full, off"),
@@ -125,7 +127,7 @@ VARIABLES = ["BUILDOPS", "BUILDOPS_THREADS", "BUILDOPS_EXECUTOR", "BUILDOPS_GPU_
              "BUILDOPS_NODE_LOCKS", "BUILDOPS_LATE_COMPILE", "BUILDOPS_AUTOTUNE", "BUILDOPS_SERVING_TUNE",
              "BUILDOPS_TRITON_TARGET",
              "BUILDOPS_SWITCH_INTERVAL_US", "BUILDOPS_WORKER_NICE", "BUILDOPS_BUILD_TIMEOUT", "BUILDOPS_STORE",
-             "BUILDOPS_STORE_TIMEOUT", "BUILDOPS_STORE_LEASE", "BUILDOPS_STORE_MAX_MB",
+             "BUILDOPS_STORE_TIMEOUT", "BUILDOPS_STORE_LEASE", "BUILDOPS_STORE_MAX_MB", "BUILDOPS_TUNE_GAP_MS",
              "BUILDOPS_PROGRESS_AFTER"]
 
 

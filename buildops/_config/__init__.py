@@ -152,6 +152,9 @@ class _Settings:
                           "or puts there: a larger one is built here and kept local (a fetch spools it to disk, "
                           "and this bounds that file). 0: no limit.", lambda: 256,
                           expected="a whole number of MiB >= 0 (0: no limit)")
+    tune_gap_ms = Whole("BUILDOPS_TUNE_GAP_MS", "Milliseconds the GPU's default stream must have been idle before an "
+                        "autotuning after the start was ready runs (tunings go in gaps of serving). 0: at once.",
+                        lambda: 50, expected="a whole number of milliseconds >= 0")
     progress_after = Seconds("BUILDOPS_PROGRESS_AFTER", "Seconds a join waits before it shows a progress bar.",
                               lambda: 1.0)
 

@@ -17,7 +17,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
-__all__ = ["Turns", "urgency"]
+__all__ = ["Turns", "is_urgent", "urgency"]
 
 _calling = threading.local()
 
@@ -36,6 +36,11 @@ def urgency(urgent: Callable[[], bool]) -> Iterator[None]:
 
 def _not_urgent() -> bool:
     return False
+
+
+def is_urgent() -> bool:
+    """Whether the build this thread runs is urgent now (a caller waits for it), as its builder says."""
+    return getattr(_calling, "urgent", None) is not None and _calling.urgent()
 
 
 class _Waiter:

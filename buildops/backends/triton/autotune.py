@@ -19,8 +19,11 @@ from triton.runtime.autotuner import Autotuner
 from ..._config import settings
 from ..._core.build import Build, Outcome
 from ..._core.default import current_builder
+from ..._core.readiness import ready_time
 from ..._core.tensor_specs import TensorSpec
+from ..._runtime.gaps import wait_for_gap
 from ..._runtime.gpu import run_admitted
+from ..._runtime.turns import is_urgent
 from .driver import active_driver, compile_only, inner_jit, kernel_name, target
 from .patches import building
 from .stand_ins import PointerArg
@@ -120,7 +123,9 @@ class _TuneRun:
         compiles = [f for f in futures if f is not None]
         waiting = time.perf_counter()
         concurrent.futures.wait(compiles, timeout=COMPILE_WAIT_SECONDS)
-        waited = time.perf_counter() - waiting  # of the build's seconds, those spent on others' compiles
+        if ready_time() is not None:  # behind serving: in a gap of the GPU's work (not one a caller waits for)
+            wait_for_gap(self.device, skip=is_urgent)
+        waited = time.perf_counter() - waiting  # of the build's seconds, those spent on others' compiles or a gap
         tensors = [a for a in (*self.layouts, *self.kwargs.values()) if isinstance(a, _Layout)]
 
         def real(value: Any) -> Any:
