@@ -85,6 +85,23 @@ def test_a_build_compiles_exactly_the_variant_the_launch_looks_up(fresh_triton):
     assert len(fresh_triton) == len(LAUNCHES) + 1
 
 
+def test_a_build_with_a_stages_inspection_hook_set_compiles_what_the_launch_looks_up(fresh_triton, monkeypatch):
+    """Triton 3.7 on keys a launch on a stages inspection hook's pipeline too; 3.6 does not (backends/triton/
+    versions.py): a key that took it in, or left it out, on the wrong version would build a variant no launch
+    finds."""
+    from triton import knobs
+
+    def hook(*compiling):  # run() asks it for (key, hash); the compiler calls it with its stages, to change none
+        return None if compiling else ("buildops-test", "pipeline-hash")
+
+    monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", hook)
+    x = torch.zeros(64)
+    build_all(bt.triton_builds("add", K.add_kernel, x, x, x, 32, BLOCK=128))
+    assert len(fresh_triton) == 1 and cached(K.add_kernel, x, x, x, 32, BLOCK=128)
+    K.add_kernel.warmup(x, x, x, 32, grid=(1,), BLOCK=128)  # what a real launch looks up
+    assert len(fresh_triton) == 1  # found: nothing compiled again
+
+
 def test_options_order_is_part_of_the_key():
     x = torch.zeros(64)
     one = bt.triton_builds("add", K.add_kernel, x, x, x, 32, BLOCK=128, num_warps=4)

@@ -27,9 +27,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from triton import knobs
 from triton.runtime.autotuner import Autotuner
-from triton.runtime.jit import JITFunction, compute_cache_key
+from triton.runtime.jit import JITFunction
 
 from ..._core.build import Build
 from ..._runtime.forking import forget_in_child
@@ -46,41 +45,16 @@ from .patches import building
 from .pending import PendingKernel, active_recording
 from .serving import serve
 from .stand_ins import stand_in
+from .versions import launch_key, launch_specialization
 
 __all__ = ["recording", "serve_after_passes", "triton_builds"]
 
 logger = logging.getLogger("buildops")
 
 
-_ABSENT = object()
-
-
-def _specialize(jit: JITFunction, args: tuple, kwargs: dict) -> tuple[list, dict]:
-    """The launch's specialization and options as ``JITFunction.run`` computes them (Triton 3.6 to 3.9): one
-    ``(type, spec)`` per kernel parameter, e.g. ``("*fp16", "D")``, ``("i32", "D")``, ``("constexpr", 1)``."""
-    options = dict(kwargs)
-    options["debug"] = options.get("debug", jit.debug) or knobs.runtime.debug
-    options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    fpsan = getattr(knobs.compilation, "fpsan_homomorphic_casts", _ABSENT)  # Triton 3.9's, in its launch keys
-    if fpsan is not _ABSENT:
-        options["fpsan_homomorphic_casts"] = fpsan
-    binder = jit.device_caches[active_driver().get_current_device()][4]
-    _, specialization, options = binder(*args, **options)
-    return list(specialization), options
-
-
-def _key_of(specialization: list, options: dict) -> str:
-    """The key ``JITFunction.run`` looks the launch up under."""
-    specialization = list(specialization)
-    stages_hook = getattr(knobs.runtime, "add_stages_inspection_hook", None)
-    if stages_hook is not None:
-        specialization.append(f'("custom_pipeline", {stages_hook()[1]})')
-    return compute_cache_key({}, specialization, options)
-
-
 def _launch_key(jit: JITFunction, args: tuple, kwargs: dict) -> str:
-    """The key ``JITFunction.run`` will look up for this launch (mirrors its preprocessing; Triton 3.6 to 3.9)."""
-    return _key_of(*_specialize(jit, args, kwargs))
+    """The key ``JITFunction.run`` will look up for this launch (:mod:`.versions`)."""
+    return launch_key(*launch_specialization(jit, active_driver().get_current_device(), args, kwargs))
 
 
 class _Recording:
@@ -96,10 +70,11 @@ class _Recording:
         the_target = target()
         # An interpreted kernel specializes through its twin: a JITFunction over the same function, never compiled
         binder = twin(jit) if interpreted(jit) else jit
-        specialization, options = _specialize(binder, stand_ins, kwargs)
+        specialization, options = launch_specialization(binder, active_driver().get_current_device(), stand_ins,
+                                                        kwargs)
         label = launch_label(jit.fn.__name__, binder.params, specialization, kwargs)
         note_listed(kernel_name(binder), self.op)
-        launch = _key_of(specialization, options)
+        launch = launch_key(specialization, options)
         if binder is not jit:
             key = ("triton-interpreter", kernel_name(binder), binder.cache_key, launch, the_target)
             self.builds.append(Build(self.op, key, InterpretedRun(), label=label, library="triton", shared=False))
