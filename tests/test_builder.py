@@ -389,12 +389,14 @@ def test_a_given_up_build_is_abandoned_so_a_worker_process_stuck_in_it_stops(cap
     class StuckInAWorker:
         def __init__(self):
             self.given_up = threading.Event()
+            self.thread = None  # the builder's thread that runs it
 
         def abandon(self):
             self.given_up.set()
             pool.stop_workers()
 
         def __call__(self):
+            self.thread = threading.current_thread()
             return pool.run("stuck", pool_tasks.slow, 600, given_up=self.given_up)
 
     caplog.set_level(logging.INFO, logger="buildops")
@@ -408,10 +410,10 @@ def test_a_given_up_build_is_abandoned_so_a_worker_process_stuck_in_it_stops(cap
             future = builder.submit(Build("op", "stuck", run, abandon=run.abandon))
             with pytest.raises(buildops.BuildTimeoutError):
                 future.result(WAIT * 6)
-        threads = [t for t in threading.enumerate() if t.name == "buildops-worker-0" and t not in builder._workers]
-        for thread in threads:
-            thread.join(WAIT * 3)
-        assert threads and not any(t.is_alive() for t in threads)  # its run raised once its worker was stopped
+        # This run's own thread: another test's builder may have a worker of the same name still ending
+        assert run.thread is not None and run.thread not in builder._workers
+        run.thread.join(WAIT * 3)
+        assert not run.thread.is_alive()  # its run raised once its worker was stopped
         assert "ended after" in caplog.text  # ... and that outcome was dropped
     finally:
         builder.shutdown()
