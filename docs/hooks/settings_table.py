@@ -5,7 +5,7 @@ declarations, so the page cannot drift from the code. ``settings.md`` holds the 
 The build fails, naming what is missing, if the page, the marker or the function is missing: a settings page
 without its table must never be published.
 
-Only ``buildops/_config.py`` and what it imports run here. The package's ``__init__`` is not executed: it imports
+Only ``buildops/_config/`` and what it imports run here. The package's ``__init__`` is not executed: it imports
 the package's runtime dependencies (wrapt, filelock, ...), which building the docs does not need.
 """
 
