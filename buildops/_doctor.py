@@ -23,7 +23,7 @@ from ._core import extensions
 from ._runtime.node import lock_directory
 from ._version import __version__
 
-__all__ = ["STORE_VARIABLE", "diagnose", "redact_url"]
+__all__ = ["STORE_VARIABLE", "diagnose", "hide_passwords", "redact_url"]
 
 # The variable that names the shared artifact store (a URL, e.g. redis://host:6379/0)
 STORE_VARIABLE = "BUILDOPS_STORE"
@@ -210,11 +210,11 @@ def _store_status() -> dict[str, Any]:
         finally:
             store.close()
     except Exception as error:  # noqa: BLE001 - a store that fails in any way is reported, not raised
-        return {**status, "reachable": False, "error": _hide_passwords(one_line(error), url)}
+        return {**status, "reachable": False, "error": hide_passwords(one_line(error), url)}
     return {**status, "reachable": True, "stats": stats}
 
 
-def _hide_passwords(text: str, url: str) -> str:
+def hide_passwords(text: str, url: str) -> str:
     """``text`` (an error that may quote the URL or its password) with the URL and its passwords hidden."""
     text = text.replace(url, redact_url(url))
     for password in _passwords(url):

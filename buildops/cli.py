@@ -311,9 +311,9 @@ def _opened_store(create: bool = False) -> Iterator[BuildStore]:
 
 def _scrubbed(error: BaseException) -> str:
     """The first line of a store's error, any password of BUILDOPS_STORE hidden (its errors should hold none)."""
-    from ._doctor import _hide_passwords
+    from ._doctor import hide_passwords
 
-    return _hide_passwords(str(error).strip().partition("\n")[0], settings.store)
+    return hide_passwords(str(error).strip().partition("\n")[0], settings.store)
 
 
 def _store_stats(store: BuildStore, as_json: bool) -> None:

@@ -123,3 +123,14 @@ def test_no_module_outside_the_backends_names_a_library_they_serve():
             found += [f"{name}:{node.lineno}: {text}" for text in named
                       if any(text == lib or text.startswith(lib + ".") for lib in libraries)]
     assert found == []
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """A module's ``_names`` are its own: another module that needs one gets a public name instead."""
+    found = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("buildops")):
+                found += [f"{name}:{node.lineno}: {alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert found == []

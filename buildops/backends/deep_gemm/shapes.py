@@ -11,7 +11,7 @@ from torch import nn
 
 from ..._config import settings
 from .knobs import DEFAULT_ALIGNMENT as ALIGN_M
-from .knobs import DEFAULT_SMS as _DEFAULT_SMS
+from .knobs import DEFAULT_SMS
 
 __all__ = ["GemmShape", "contiguous_rows", "find_gemm_shapes", "m_values", "shape_ms"]
 
@@ -84,7 +84,7 @@ def rows_for(shape: GemmShape, m: int, align_m: int = ALIGN_M) -> int:
     return m
 
 
-def m_values(max_tokens: int, n: int, mode: str | None = None, sms: int = _DEFAULT_SMS) -> tuple[int, ...]:
+def m_values(max_tokens: int, n: int, mode: str | None = None, sms: int = DEFAULT_SMS) -> tuple[int, ...]:
     """The M values to build for a layer of width ``n``, up to ``max_tokens``.
 
     ``full``: every M. ``relaxed``: the small Ms (1, 2, 4, then multiples of 8 up to 64), the multiples of
@@ -153,7 +153,7 @@ def contiguous_rows(max_tokens: int, experts: int, top_k: int = 1, align_m: int 
     return align(max_tokens * top_k + experts * (align_m - 1), align_m)
 
 
-def shape_ms(shape: GemmShape, max_tokens: int, mode: str | None = None, sms: int = _DEFAULT_SMS, top_k: int = 1,
+def shape_ms(shape: GemmShape, max_tokens: int, mode: str | None = None, sms: int = DEFAULT_SMS, top_k: int = 1,
              align_m: int = ALIGN_M) -> tuple[int, ...]:
     """The Ms a build of ``shape`` runs for up to ``max_tokens`` tokens: :func:`m_values` up to the tokens, or for a
     ``contiguous`` shape up to its :func:`contiguous_rows` (its M is the padded rows)."""
