@@ -13,11 +13,10 @@ imported those modules once), so that each worker does not import torch itself
 
 Workers never import the program's main module (:mod:`.main_module`).
 
-Each worker leads a process group of its own, which the compilers it starts (and theirs) join: a worker is stopped
-by killing its group, so that a compiler stuck in a given-up build dies with it rather than living on with parent 1,
-holding this process's stdout and stderr. A group of its own does not get the terminal's Ctrl-C: the workers are
-killed, group and all, when this process exits (:meth:`WorkerPool.stop_workers` at exit) or shuts them down; a
-worker whose parent process is gone without that (killed outright) kills its own group.
+Each worker leads a process group of its own, and is stopped by killing it, compilers and all
+(:mod:`.worker_groups`). A group of its own does not get the terminal's Ctrl-C: the workers are killed when this
+process exits (:meth:`WorkerPool.stop_workers` at exit) or shuts them down; a worker whose parent process is gone
+without that (killed outright) kills its own group.
 
 Calls take turns at the workers (:mod:`.turns`): a pool admits as many calls at once as it has workers, so none
 waits in the executor's own first-in, first-out queue, and a build that a serving call waits for goes first.
@@ -31,8 +30,6 @@ import contextlib
 import functools
 import logging
 import os
-import select
-import signal
 import sys
 import threading
 import time
@@ -44,6 +41,7 @@ from .forking import forget_in_child
 from .hooks import on_shutdown
 from .main_module import context, ended_importing_main, names_of_main, refuse_while_importing_main
 from .turns import Turns
+from .worker_groups import alive, kill_group, kill_pgid, own_group, start_worker
 
 __all__ = ["WorkerPool"]
 
@@ -51,8 +49,6 @@ logger = logging.getLogger("buildops")
 
 # How long shutdown() (where it was given no deadline) and the interpreter's exit wait for a pool that is starting.
 START_WAIT_SECONDS = 60.0
-# How often a worker checks that its parent is alive, where it cannot wait on a pidfd.
-PARENT_POLL_SECONDS = 0.5
 
 
 def _worker_processes(pool: concurrent.futures.ProcessPoolExecutor) -> dict[int, Any]:
@@ -60,53 +56,6 @@ def _worker_processes(pool: concurrent.futures.ProcessPoolExecutor) -> dict[int,
     the pool's shutdown(), which drops the pool's reference to it."""
     processes = getattr(pool, "_processes", None)
     return processes if isinstance(processes, dict) else {}
-
-
-def _start_worker(nice: int, initializer: Callable | None, parent: int) -> None:
-    """A worker's first step: lead a process group of its own, killed once ``parent`` (the process that started
-    the pool) is gone (see the module docstring); lower its CPU priority by ``nice`` (the compilers it runs inherit
-    it), then run the pool's initializer. Where the cores are all busy, the engine's own threads then run first
-    (docs/decisions/0003-workers-below-engine-priority.md)."""
-    try:
-        os.setpgid(0, 0)
-    except OSError:  # not permitted here: stopping the worker kills the worker alone
-        pass
-    else:
-        threading.Thread(target=_end_with, args=(parent,), name="buildops-parent-watch", daemon=True).start()
-    if nice:
-        try:
-            os.nice(nice)
-        except OSError:  # not permitted here: the worker builds at the engine's priority
-            pass
-    if initializer is not None:
-        initializer()
-
-
-def _end_with(parent: int) -> None:
-    """In a worker that leads its group: kill the group once ``parent`` is gone. A process killed outright
-    (SIGKILL, an unhandled SIGTERM) runs no exit hook to stop its workers, and a supervisor's signal to its group
-    does not reach theirs. Not the worker's own parent: a forkserver outlives the process while a worker lives
-    (each worker holds the pipe whose end it waits for)."""
-    try:
-        handle = os.pidfd_open(parent)  # not reused: the parent is alive while it starts a worker
-    except (AttributeError, OSError):  # not Linux 5.3+, or gone already
-        handle = None
-    if handle is not None:
-        select.select([handle], [], [])  # readable once the parent has exited
-    else:
-        while _exists(parent):
-            time.sleep(PARENT_POLL_SECONDS)
-    os.killpg(0, signal.SIGKILL)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # alive, not ours to signal
-        return True
-    return True
 
 
 class WorkerPool:
@@ -196,7 +145,7 @@ class WorkerPool:
         # The setting is read here, in this process, as the pool starts: a bad value raises where the pool is asked
         # for, not in every worker (which would break the pool), and the workers follow this process's environment,
         # not the one a forkserver started earlier inherited.
-        return functools.partial(_start_worker, settings.worker_nice, self._initializer, os.getpid())
+        return functools.partial(start_worker, settings.worker_nice, self._initializer, os.getpid())
 
     def start(self) -> None:
         """Start the workers on a thread of their own and return at once."""
@@ -330,8 +279,8 @@ class WorkerPool:
         for pool in [self._pool, *list(self._alone)]:
             processes += list((getattr(pool, "_processes", None) or {}).values())
         for process in processes:
-            _kill_group(process)
-        self._stopping = [p for p in self._stopping if _alive(p)]
+            kill_group(process)
+        self._stopping = [p for p in self._stopping if alive(p)]
 
     def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
         with self._lock:
@@ -359,14 +308,14 @@ class WorkerPool:
             logger.warning("buildops: %s workers still starting after %.0f s; shutting down without them",
                            self.name, limit)
         if pool is not None:
-            processes = [p for p in (getattr(pool, "_processes", None) or {}).values() if _alive(p)]
+            processes = [p for p in (getattr(pool, "_processes", None) or {}).values() if alive(p)]
             if not (wait and deadline is None):  # not waited for: stop_workers() may still have to stop them
                 self._stopping += processes
-            groups = [pid for pid in map(_own_group, processes) if pid is not None]
+            groups = [pid for pid in map(own_group, processes) if pid is not None]
             pool.shutdown(wait=wait and deadline is None, cancel_futures=True)
             if wait and deadline is None:  # the workers exited: what they started, and left running, goes too
                 for group in groups:
-                    _kill_pgid(group)
+                    kill_pgid(group)
 
     def _forget(self) -> None:
         self._lock, self._launch_lock, self._launcher = threading.Lock(), threading.Lock(), None
@@ -374,42 +323,6 @@ class WorkerPool:
         self._main_ran, self._turns = None, Turns()
         if self._preload:
             _forget_the_forkserver()
-
-
-def _own_group(process: Any) -> int | None:
-    """The worker's pid where it leads its own process group (see :func:`_start_worker`), else None."""
-    pid = getattr(process, "pid", None)
-    try:
-        return pid if isinstance(pid, int) and os.getpgid(pid) == pid else None
-    except OSError:  # gone
-        return None
-
-
-def _kill_pgid(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:  # none left in it, or not ours
-        return False
-    return True
-
-
-def _kill_group(process: Any) -> None:
-    """Kill a worker with its process group: the compilers it started, and their children. A worker that has not
-    made its group yet (it runs no task before it has) is killed alone."""
-    group = _own_group(process)
-    if group is not None and _kill_pgid(group):
-        return
-    try:
-        process.kill()
-    except Exception:  # noqa: BLE001 - already gone
-        pass
-
-
-def _alive(process: Any) -> bool:
-    try:
-        return process.is_alive()
-    except Exception:  # noqa: BLE001 - not a child of this process any more, or closed
-        return False
 
 
 def _forget_the_forkserver() -> None:
