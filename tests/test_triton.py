@@ -599,17 +599,15 @@ def test_a_launcher_loaded_again_leaves_the_other_signatures_launcher_alone(tmp_
 
 
 CHANGING_KERNEL = """
+import enum
+
 import triton
 import triton.language as tl
 
-class Mode:  # an object of the user's: the kernel does not travel as source, a worker imports it by name
-    def __eq__(self, other):
-        return isinstance(other, Mode)
+class Mode(enum.Enum):  # a class of the user's: the kernel does not travel as source, a worker imports it by name
+    ON = 1
 
-    def __hash__(self):
-        return 1
-
-MODE = tl.constexpr(Mode())
+MODE = tl.constexpr(Mode.ON)
 
 @triton.jit
 def scale(x_ptr, n, BLOCK: tl.constexpr):
