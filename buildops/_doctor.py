@@ -28,8 +28,6 @@ __all__ = ["STORE_VARIABLE", "diagnose", "hide_passwords", "redact_url"]
 # The variable that names the shared artifact store (a URL, e.g. redis://host:6379/0)
 STORE_VARIABLE = "BUILDOPS_STORE"
 
-# The libraries whose versions doctor reports beside the backends' own, by the name they import as
-LIBRARIES = ("torch", "redis")
 
 
 def diagnose() -> dict[str, Any]:
@@ -58,7 +56,8 @@ def one_line(error: BaseException) -> str:
 
 def versions() -> dict[str, str]:
     """Python's and buildops' versions, and each library's, or ``not installed``, or why its import failed."""
-    libraries = dict.fromkeys([LIBRARIES[0], *(b.library for b in extensions.backends()), *LIBRARIES[1:]])
+    # torch, each backend's library, and the store's client, by the names they import as
+    libraries = dict.fromkeys(["torch", *(b.library for b in extensions.backends()), "redis"])
     return {"python": platform.python_version(), "buildops": __version__,
             **{name: _library_version(name) for name in libraries}}
 

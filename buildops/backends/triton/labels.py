@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["launch_label"]
+__all__ = ["compiled_label", "launch_label"]
 
 
 def launch_label(name: str, params: Sequence[Any], specialization: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -20,13 +20,12 @@ def launch_label(name: str, params: Sequence[Any], specialization: Sequence[Any]
     """
     entries = [(param, entry) for param, entry in zip(params, specialization)
                if isinstance(entry, tuple) and len(entry) == 2]
-    pointers = [ty for _, (ty, _) in entries if isinstance(ty, str) and ty.startswith("*")]
-    shared = pointers[0][1:] if pointers and all(ty == pointers[0] for ty in pointers) else None
+    shared = _shared_dtype([ty for _, (ty, _) in entries if isinstance(ty, str)])
     parts = [shared] if shared else []
     for param, (ty, spec) in entries:
         name_ = param.name
         if ty == "constexpr":
-            parts.append(f"{name_}={spec!r}" if isinstance(spec, str) else f"{name_}={spec}")
+            parts.append(_constant(name_, spec))
         elif isinstance(ty, str) and ty.startswith("*"):
             if shared is None:
                 parts.append(f"{name_}:{ty[1:]}")
@@ -38,7 +37,7 @@ def launch_label(name: str, params: Sequence[Any], specialization: Sequence[Any]
         else:
             parts.append(f"{name_}:{ty}{'%16=0' if spec == 'D' else ''}")
     names = {param.name for param in params}
-    parts += [f"{k.removeprefix('num_')}={v}" for k, v in kwargs.items() if k not in names]
+    parts += _options({k: v for k, v in kwargs.items() if k not in names})
     return f"{name}[{', '.join(parts)}]" if parts else name
 
 
@@ -49,8 +48,7 @@ def compiled_label(name: str, arg_names: Sequence[str], signature: Mapping[str, 
     by parameter name (``BLOCK_R=64``; ``n=1`` for an int compiled as one), then the options, e.g.
     ``_softmax_kernel[fp16, n_cols:i32, BLOCK=1024, warps=4, stages=3]``."""
     types = {arg: ty for arg, ty in (signature or {}).items() if ty != "constexpr" and isinstance(ty, str)}
-    pointers = [ty for ty in types.values() if ty.startswith("*")]
-    shared = pointers[0][1:] if pointers and all(ty == pointers[0] for ty in pointers) else None
+    shared = _shared_dtype(list(types.values()))
     parts = [shared] if shared else []
     named = {}
     for path, value in (constants or {}).items():
@@ -61,6 +59,20 @@ def compiled_label(name: str, arg_names: Sequence[str], signature: Mapping[str, 
             named[str(path)] = value
     parts += [f"{arg}:{ty[1:] if ty.startswith('*') else ty}" for arg, ty in types.items()
               if arg not in named and not (shared and ty.startswith("*"))]
-    parts += [f"{arg}={value!r}" if isinstance(value, str) else f"{arg}={value}" for arg, value in named.items()]
-    parts += [f"{k.removeprefix('num_')}={v}" for k, v in options.items() if v is not None]
+    parts += [_constant(arg, value) for arg, value in named.items()]
+    parts += _options({k: v for k, v in options.items() if v is not None})
     return f"{name}[{', '.join(parts)}]"
+
+
+def _shared_dtype(types: Sequence[str]) -> str | None:
+    """The pointers' dtype where every pointer among ``types`` has the same, else None."""
+    pointers = [ty for ty in types if ty.startswith("*")]
+    return pointers[0][1:] if pointers and all(ty == pointers[0] for ty in pointers) else None
+
+
+def _constant(name: str, value: Any) -> str:
+    return f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
+
+
+def _options(options: Mapping[str, Any]) -> list[str]:
+    return [f"{k.removeprefix('num_')}={v}" for k, v in options.items()]
