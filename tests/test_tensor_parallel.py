@@ -55,6 +55,7 @@ def test_ranks_compile_each_kernel_once_and_meet_in_collectives_while_builds_run
     assert all(r["compiled"] + r["cached"] == VARIANTS for r in ranks)  # ... and every rank has every one
     assert all((r["built"], r["failed"], r["late"]) == (VARIANTS, 0, 0) for r in ranks)
     assert all(r["result"] == expected_result() for r in ranks)  # the collectives ran, in order, on every rank
+    assert ranks[0]["entered"] < ranks[1]["builds_done"]  # rank 0 was in the collective while rank 1's builds ran
 
 
 def test_a_second_nodes_ranks_fetch_every_kernel_from_the_store(tmp_path):

@@ -49,17 +49,20 @@ def main():
         row_parallel(column_parallel(x))
     start = time.perf_counter()
     y = column_parallel(x)  # serving: waits for its own builds only
+    entered = time.time()  # the wall clock, to compare across the ranks
     dist.all_reduce(y)  # every rank meets here while another's builds may still run
     z = row_parallel(y)
     dist.all_reduce(z)
     first_request = time.perf_counter() - start
     assert buildops.join(timeout=600)
+    built = time.time()
     rep = buildops.report()
     coverage = rep.coverage()["triton"]
     print(json.dumps({"rank": RANK, "compiled": coverage.compiled, "cached": coverage.cached,
                       "built": rep.total("built"), "failed": rep.total("failed"),
                       "late": len(buildops.late_compiles()), "fetched": rep.store.fetched if rep.store else None,
-                      "first_request": first_request, "result": z.tolist()}), flush=True)
+                      "first_request": first_request, "entered": entered, "builds_done": built,
+                      "result": z.tolist()}), flush=True)
     dist.destroy_process_group()
     buildops.shutdown()
 
