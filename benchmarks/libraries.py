@@ -7,6 +7,9 @@ the block), through a trace of requests at row counts the start never saw:
               best_config back, an aten override (torch.nn.functional.silu), a tuner keyed on the exact row count
     unsloth   unsloth's own launch cache (unsloth/kernels/triton_launch.py, loaded from its installed files), which
               relaunches the kept kernel with compiled.run(...), around an RMSNorm kernel of this script's
+    flashnn   flashnn 0.1.1's fused MoE (8 experts, top 2), whose launch cache keeps the first kernel a config's
+              constexprs meet and relaunches it with kernel[grid](...); needs Triton 3.8 or newer (the relaunch
+              passes no constexprs, which older launchers need)
     fla       fla-core 0.6.0's RMSNorm and SwiGLU (examples/fla_lm's library: it calls Triton plainly, through
               @triton.autotune), for comparison
 
@@ -20,10 +23,10 @@ Every start finds Python's bytecode cached (an untimed start of each primes it).
 Counted on the serving thread during the trace: compiles and tunings; and the tunings buildops deferred (queued,
 run on its serial worker). Outputs are compared with the lazy start's of the same round.
 
-    python3 benchmarks/libraries.py [--rounds 3] [--libraries dispatch,unsloth,fla]
+    python3 benchmarks/libraries.py [--rounds 3] [--libraries dispatch,unsloth,flashnn,fla]
 
-Run from the repository root on a GPU machine (unsloth and fla-core installed, or their wheels on PYTHONPATH). A
-line per start, then a table of medians, last.
+Run from the repository root on a GPU machine (unsloth, flashnn and fla-core installed, or their wheels on
+PYTHONPATH). A line per start, then a table of medians, last.
 """
 
 from __future__ import annotations
@@ -98,6 +101,48 @@ def _unsloth_model():
     return block
 
 
+def _flashnn_model():
+    import torch
+    from flashnn.triton_kernels.fused_moe_fp16 import fused_moe_fp16_forward
+
+    experts, top_k, config = 8, 2, {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8}
+    block_m = config["BLOCK_SIZE_M"]
+    generator = torch.Generator("cuda").manual_seed(1)
+    router = torch.randn(WIDTH, experts, device="cuda", dtype=torch.float16, generator=generator)
+    expert_weights = torch.randn(experts, WIDTH, WIDTH, device="cuda", dtype=torch.float16, generator=generator) * 0.03
+
+    def align(topk_ids):
+        """Token slots sorted by expert, each expert's run padded to a whole block (an engine's moe_align), with no
+        host sync: the padded length is the most it can be, tokens * top_k + experts * (block_m - 1)."""
+        flat = topk_ids.flatten()
+        slots = flat.numel()
+        counts = torch.zeros(experts, dtype=torch.int64, device=flat.device)
+        counts.scatter_add_(0, flat, torch.ones_like(flat))
+        padded = (counts + block_m - 1) // block_m * block_m
+        ends = padded.cumsum(0)
+        order = torch.argsort(flat, stable=True)
+        expert_of = flat[order]
+        rank = torch.arange(slots, device=flat.device) - (counts.cumsum(0) - counts)[expert_of]
+        rows = slots + experts * (block_m - 1)
+        sorted_ids = torch.full((rows,), slots, dtype=torch.int32, device=flat.device)
+        sorted_ids[(ends - padded)[expert_of] + rank] = order.to(torch.int32)
+        block_starts = torch.arange(0, rows, block_m, device=flat.device)
+        expert_ids = torch.searchsorted(ends, block_starts, right=True).clamp_(max=experts - 1).to(torch.int32)
+        return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
+
+    def block(x, w):
+        h = (x * w).half()
+        weights, ids = torch.topk(torch.softmax((h @ router).float(), -1), top_k)
+        ids = ids.to(torch.int32)
+        sorted_ids, expert_ids, post_padded = align(ids.long())
+        out = torch.empty(x.shape[0], top_k, WIDTH, device=x.device, dtype=torch.float16)
+        fused_moe_fp16_forward(h, expert_weights, out, weights, ids, sorted_ids, expert_ids, post_padded, True, top_k,
+                               config)
+        return x + out.sum(1).to(x.dtype)
+
+    return block
+
+
 def _fla_model():
     from fla.modules.activations import swiglu
     from fla.modules.norm.layernorm import rms_norm
@@ -137,7 +182,8 @@ def child(library: str, how: str) -> dict:
         return prune(self, *args, **kwargs)
 
     Autotuner.prune_configs = count_tuning
-    block = {"dispatch": _dispatch_model, "unsloth": _unsloth_model, "fla": _fla_model}[library]()
+    block = {"dispatch": _dispatch_model, "unsloth": _unsloth_model, "flashnn": _flashnn_model,
+             "fla": _fla_model}[library]()
     if how == "buildops":
         from buildops import BuildConfig, DynamicSpec, lists_kernels
 
