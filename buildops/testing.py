@@ -74,6 +74,9 @@ class ListingRecorder(BuildPass):
         self.listings.append(Listing(op, signature, dict(dims), tuple(builds)))
         return []
 
+    def start_early(self, build: Build) -> None:
+        """Start nothing: a recording queues no build."""
+
     def of(self, op: str) -> list[Listing]:
         """The listings of ``op``, in order: by its name, or by its short name (``"norm"`` for an op named
         ``"tests.test_x.norm"``, qualified where another op in the process has that name) where no other op in this

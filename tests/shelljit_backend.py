@@ -12,7 +12,7 @@ import threading
 import shelljit
 
 from buildops import Build, LateCompile, Outcome
-from buildops.backends import Backend, caller, on_builder_thread, record_late_compile
+from buildops.backends import Backend, caller, on_builder_thread, record_late_compile, recorded
 from buildops.backends import register as register_backend
 
 VERSION = "1"  # of this backend's builds: part of every artifact's identity
@@ -103,7 +103,9 @@ def _wrap_launch() -> None:
             if recording is None:
                 return original(name, source, x)
             op, builds = recording
-            builds.append(build(op, name, source))
+            made = build(op, name, source)
+            builds.append(made)
+            recorded(made)  # a pass may start it now, before the replay's host code ends
             return x  # what the op's host code goes on with; the pass returns the op's placeholder anyway
 
         launch.recorded = True

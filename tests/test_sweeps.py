@@ -59,7 +59,7 @@ def compile_only(tmp_path, monkeypatch):
 
 def states(op="copy"):
     builder = buildops._core.default.current_builder()
-    return [record.state for record in builder._records.values() if op in record.ops]
+    return [] if builder is None else [record.state for record in builder._records.values() if op in record.ops]
 
 
 def test_a_rehearsal_replays_only_its_calls_shapes_and_lists_the_rest_of_the_sweep_behind_it():
@@ -146,3 +146,37 @@ def test_a_shape_listed_after_a_shutdown_queues_nothing_and_makes_no_new_builder
     hold[16].set()  # the replay at 16 rows goes on, after the shutdown
     assert wait_for_sweeps(timeout=WAIT)
     assert buildops._core.default.current_builder() is None
+
+
+def test_a_launch_builds_while_the_rest_of_its_replay_runs():
+    """A replay can go on long after its launch (the first Python meta kernel of a process imports much of torch):
+    the launch's build starts as it is recorded, and the listing then takes it as its own (listed once, not
+    shared). A listing recorder starts nothing."""
+    import time
+
+    from buildops import settings
+    from buildops.testing import record_listings
+
+    built_during_the_replay = []
+    patience = [0.5]  # a recorder builds nothing: its replay waits this long, for nothing
+
+    @lists_kernels(BuildConfig(DynamicSpec("x", 0, sweep=[64])), output="x", name="launch_then_more")
+    def launch_then_more(x):
+        out = torch.empty_like(x)
+        copy_kernel[(1,)](x, out, x.numel(), BLOCK=64)
+        deadline = time.monotonic() + patience[0]
+        while BuildState.BUILT not in states("launch_then_more") and time.monotonic() < deadline:
+            time.sleep(0.01)  # the rest of the host code, slow
+        built_during_the_replay.append(states("launch_then_more"))
+        return out
+
+    with record_listings() as recorded:
+        launch_then_more(torch.zeros(64, 8))
+    assert len(recorded.of("launch_then_more")[0].builds) == 1 and built_during_the_replay == [[]]
+    built_during_the_replay.clear()
+    patience[0] = WAIT
+    with settings.scope(executor="threads"), build_pass("warmup"):
+        launch_then_more(torch.zeros(64, 8))
+    assert built_during_the_replay == [[BuildState.BUILT]]
+    [stats] = [s for s in buildops.report().ops if s.op == "launch_then_more"]
+    assert (stats.listed, stats.shared, stats.built) == (1, 0, 1)

@@ -53,6 +53,9 @@ __all__ = ["Builder", "on_builder_thread"]
 
 logger = logging.getLogger("buildops")
 
+# The owner of a build started as its launch was recorded, until its listing takes it (Builder.start_early)
+_EARLY = object()
+
 # How long shutdown() waits on one worker at a time before it looks again at which are stuck.
 JOIN_STEP_SECONDS = 0.1
 # How long shutdown waits for the watchdog's thread to end once it watches nothing: woken, it ends at once.
@@ -97,13 +100,21 @@ class Builder:
 
     def submit(self, build: Build, owner: object = None) -> concurrent.futures.Future[Any]:
         """Queue ``build`` unless its key is already queued, building or built; return the key's future."""
+        return self._submit(build, owner, listed=True)
+
+    def start_early(self, build: Build) -> None:
+        """Queue ``build`` ahead of its listing: a replay recorded its launch and goes on. It counts as listed
+        now; the listing's :meth:`submit` then takes the record as its own, counting nothing more. A listing that
+        never comes (its replay failed) leaves a build that runs and that no one waits for."""
+        self._submit(build, _EARLY, listed=False)
+
+    def _submit(self, build: Build, owner: object, listed: bool) -> concurrent.futures.Future[Any]:
         timeout = settings.build_timeout  # here: a bad value raises to the caller, with nothing queued
         with self._lock:
             if self._closed:
                 raise RuntimeError("buildops: this builder was shut down; submit to the current one "
                                    "(buildops._core.default.default_builder())")
             stats = self._stats.setdefault(build.op, OpStats())
-            stats.listed += 1
             record = self._records.get(build.key)
             if record is not None and record.state is BuildState.QUEUED and record.future.cancelled():
                 # Cancelled by its owner through the future, not yet skipped by a worker: it never runs, so the key
@@ -111,10 +122,17 @@ class Builder:
                 del self._records[build.key]
                 record = None
             if record is not None:
-                stats.shared += 1
+                if not listed:
+                    return record.future
+                if _EARLY in record.owners and build.op in record.ops:  # its own listing, counted when it started
+                    record.owners.discard(_EARLY)
+                else:
+                    stats.listed += 1
+                    stats.shared += 1
                 record.owners.add(owner)
                 record.ops.add(build.op)
                 return record.future
+            stats.listed += 1
             if self._in_flight == 0:
                 gil.hold()  # before the record exists: a bad setting raises with nothing queued
             self._in_flight += 1

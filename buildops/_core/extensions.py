@@ -30,7 +30,8 @@ class Backend:
       * ``recorder``: a context manager factory ``recorder(op: str)`` that yields a list; while it is entered,
         launches of the library's kernels on this thread (this context) are appended to it as
         :class:`~buildops.Build` objects instead of compiling or running, and other threads launch as usual.
-        Used by listing by replay, where the library is installed.
+        Used by listing by replay, where the library is installed. Calling ``buildops.backends.recorded(build)``
+        as each one is appended lets a pass start it before the replay's host code ends.
       * ``late_watchers``: functions of no arguments, each installing a compile hook (idempotently) that reports
         each compile outside buildops' workers with :func:`buildops._core.late.record`. Called at the end of every
         outermost pass, where the library is imported by then.

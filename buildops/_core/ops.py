@@ -47,6 +47,7 @@ from .declaring import (
     wrap,
 )
 from .default import current_builder
+from .early_starts import starting_early
 from .listing import replay
 from .names import claim_name, described, op_name
 from .passes import BuildPass, active, pass_context, shape_key
@@ -222,7 +223,8 @@ class OpCore:
         first = called if called in combinations else combinations[0] if combinations else None
         if first is None:
             return
-        builds = self.builds(bound, first)
+        with starting_early(build_pass.start_early):
+            builds = self.builds(bound, first)
         rest = [dims for dims in combinations if dims != first]
         if (rest and self.replays and build_pass.lists_later and builds
                 and not any(b.uses_gpu and not b.loads_only and not b.serial for b in builds)):
@@ -239,7 +241,9 @@ class OpCore:
     def _list_shape(self, build_pass: BuildPass, bound: inspect.BoundArguments, signature: Hashable,
                     dims: Mapping[str, int]) -> None:
         """List one shape of a sweep left for later, and queue its builds (as the pass that made the sweep)."""
-        self._take(build_pass, signature, dims, self.builds(bound, dims))
+        with starting_early(build_pass.start_early):
+            builds = self.builds(bound, dims)
+        self._take(build_pass, signature, dims, builds)
 
     def _take(self, build_pass: BuildPass, signature: Hashable, dims: Mapping[str, int], builds: list[Build],
               listing: concurrent.futures.Future | None = None) -> None:

@@ -221,13 +221,11 @@ class BuildPass:
         such count, and no futures for :meth:`note_called`.
         """
         builds = list(builds)
-        builder = self._builder
-        if builder is not None and builder.closed and not self._active:
-            return []  # listed after the pass and a shutdown (its sweep's lister): for no builder anyone waits on
+        builder = self._queueing_builder()
+        if builder is None:
+            return []
         listed = self.outermost._listed
         listed[(op, signature)] = listed.get((op, signature), False) or bool(builds)
-        if builder is None or builder.closed:  # buildops.shutdown() ran inside the pass: on with the new builder
-            builder = default_builder()
         futures = [builder.submit(build, owner=self) for build in builds]
         self.root._by_shape[(op, signature, shape_key(dims))] = futures
         node: BuildPass | None = self
@@ -236,6 +234,23 @@ class BuildPass:
             node._builder = builder
             node = node.parent
         return futures
+
+    def start_early(self, build: Build) -> None:
+        """Start ``build`` as soon as a replay in this pass records its launch, before the replay's host code ends
+        (:mod:`.early_starts`); the op's :meth:`take` of it then finds it queued."""
+        builder = self._queueing_builder()
+        if builder is not None:
+            builder.start_early(build)
+
+    def _queueing_builder(self) -> Builder | None:
+        """The builder this pass queues into; None for a sweep listed after the pass and a shutdown, which no one
+        waits on."""
+        builder = self._builder
+        if builder is not None and builder.closed and not self._active:
+            return None
+        if builder is None or builder.closed:  # buildops.shutdown() ran inside the pass: on with the new builder
+            builder = default_builder()
+        return builder
 
     def wait_for_called_shapes(self, timeout: float | None = None) -> bool:
         """Wait for the builds of the shapes this pass's calls were made at (each op's own call, not its sweep):

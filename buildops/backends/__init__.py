@@ -9,11 +9,12 @@ need no registration: they run the library's own code).
 from __future__ import annotations
 
 from .._core.builder import on_builder_thread
+from .._core.early_starts import recorded
 from .._core.extensions import Backend, register
 from .._core.late import LateCompile, caller
 from .._core.late import record as record_late_compile
 
-__all__ = ["Backend", "LateCompile", "caller", "on_builder_thread", "record_late_compile", "register"]
+__all__ = ["Backend", "LateCompile", "caller", "on_builder_thread", "record_late_compile", "recorded", "register"]
 
 register(Backend(
     "triton", "triton",

@@ -31,6 +31,7 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
 from ..._core.build import Build
+from ..._core.early_starts import recorded
 from ..._runtime.forking import forget_in_child
 from ..._runtime.hooks import on_reset
 from ..._runtime.patching import Patch
@@ -87,6 +88,7 @@ class _Recording:
         build = Build(self.op, key, run, uses_gpu=not compile_only(), loads_only=True, label=label,
                       library="triton", artifact=entries, abandon=run.abandon)
         self.builds.append(build)
+        recorded(build)
         return PendingKernel(build, jit, stand_ins, kwargs, device)
 
 
