@@ -20,7 +20,7 @@ from conftest import WAIT
 bt = pytest.importorskip("buildops.backends.triton")
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from buildops.backends.triton import autotune, driver, patches, record  # noqa: E402
+from buildops.backends.triton import autotune, driver, patches, record, versions  # noqa: E402
 from buildops.backends.triton import build as triton_build  # noqa: E402
 from buildops.backends.triton import late as triton_late  # noqa: E402
 from buildops.backends.triton.stand_ins import stand_in  # noqa: E402
@@ -483,7 +483,7 @@ def test_threads_make_a_shared_launcher_one_at_a_time_and_other_launchers_beside
         with lock:
             inside[kind] -= 1
 
-    monkeypatch.setattr(triton_build, "driver", SimpleNamespace(active=SimpleNamespace(launcher_cls=make)))
+    monkeypatch.setattr(versions, "driver", SimpleNamespace(active=SimpleNamespace(launcher_cls=make)))
     # Variants and kernels that differ in constants, argument names or pointer types share a launcher; i64 makes
     # another one.
     kernels = [_kernel_with({"x": "*fp32", "n": "i32", "BLOCK": "constexpr"}) for _ in range(3)]
@@ -498,7 +498,7 @@ def test_threads_make_a_shared_launcher_one_at_a_time_and_other_launchers_beside
         thread.join(WAIT)
     assert most == {"A": 1, "B": 1}
     assert entered["A"].is_set() and entered["B"].is_set()
-    assert len({triton_build._launcher_key(k) for k in kernels}) == 2
+    assert len({versions.launcher_signature(k) for k in kernels}) == 2
 
 
 def test_a_forked_child_gets_every_lock_of_the_triton_module_free():

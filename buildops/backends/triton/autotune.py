@@ -27,7 +27,8 @@ from ..._runtime.turns import is_urgent
 from .driver import active_driver, compile_only, inner_jit, kernel_name, target
 from .patches import building
 from .stand_ins import PointerArg
-from .tunings import KeptChoice, keep, known, stand_in_config, tuner_key
+from .tunings import KeptChoice, keep, known, stand_in_config
+from .versions import tuning_choices, tuning_key
 
 __all__ = ["COMPILE_WAIT_SECONDS", "config_for_replay", "tune_build"]
 
@@ -68,7 +69,7 @@ def config_for_replay(tuner: Autotuner, args: tuple, kwargs: dict, configs: list
     if len(configs) <= 1:
         return 0
     try:
-        key = tuner_key(tuner, args, kwargs)
+        key = tuning_key(tuner, args, kwargs)
         chosen = known(tuner, key)
         if chosen is None:
             chosen = stand_in_config(tuner, key, configs)
@@ -87,7 +88,7 @@ def tune_build(op: str, tuner: Autotuner, args: tuple, kwargs: dict, compiles: l
         return None
     if any(isinstance(a, (torch.dtype, PointerArg)) for a in (*args, *kwargs.values())):
         return None
-    key = tuner_key(tuner, args, kwargs)
+    key = tuning_key(tuner, args, kwargs)
     if known(tuner, key) is not None:
         return None
 
@@ -144,6 +145,6 @@ class _TuneRun:
         with building():
             run_admitted(self.device, sum(t.nbytes for t in tensors), make, tune,
                          f"autotuning of {self.tuner.base_fn.__name__}")
-        choice = self.tuner.cache.get(self.key, chosen[0])
+        choice = (tuning_choices(self.tuner) or {}).get(self.key, chosen[0])
         keep(self.tuner, self.key, choice)
         return Outcome(choice, cached=False, waited=waited)

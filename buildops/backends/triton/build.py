@@ -10,12 +10,11 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
-from typing import Any, cast
+from typing import Any
 
 import torch
 from triton import knobs
 from triton.backends.compiler import GPUTarget
-from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from ..._config import triton_executor
@@ -26,6 +25,7 @@ from . import entries, worker
 from .driver import compile_only, inner_jit, kernel_name
 from .patches import building
 from .shipping import KeyMismatch, ShippedKernel, describe
+from .versions import launcher_signature, load, make_launcher, triton_key
 from .worker import workers
 
 __all__ = ["LAUNCHER_WAIT_SECONDS", "WarmupRun", "hash_triton_install"]
@@ -34,12 +34,6 @@ logger = logging.getLogger("buildops")
 
 # How long a build waits for another thread making the launcher of its signature before it makes its own.
 LAUNCHER_WAIT_SECONDS = 60.0
-
-try:
-    from triton.runtime.cache import triton_key as _triton_key
-except ImportError:  # moved in another Triton version: each process computes it once, perhaps on several threads
-    def _triton_key() -> str:
-        return ""
 
 _triton_key_lock = threading.Lock()
 _load_lock = threading.Lock()
@@ -59,7 +53,7 @@ def hash_triton_install() -> None:
     (``triton_key``). The result is cached but its computation is not locked, so threads that get there together
     each compute it, holding the GIL; here one computes it and the others wait."""
     with _triton_key_lock:
-        _triton_key()
+        triton_key()
 
 
 class WarmupRun:
@@ -152,7 +146,7 @@ class WarmupRun:
                 # One load at a time: loads contending for the driver only slow each other
                 # (docs/decisions/0015-launchers-once-per-signature.md).
                 with _load_lock:
-                    kernel._init_handles()
+                    load(kernel)
             return Outcome(kernel, cached=self._cached(compiled, compiles), where=where)
 
     @staticmethod
@@ -170,37 +164,23 @@ def _make_launcher(kernel: Any) -> None:
 
     Up to Triton 3.6 a launcher is a C module per kernel signature, which a cold cache compiles with the host
     compiler, and variants of one kernel mostly share one: the other threads wait for the one making it, then find
-    it in Triton's cache. The key only decides who waits for whom, never what is built. ``_init_handles`` makes
+    it in Triton's cache. The key only decides who waits for whom, never what is built. Its load makes
     the launcher again (a cache hit) and raises there if it must, so a failure here is only logged.
     """
     try:
-        lock = _launcher_lock(_launcher_key(kernel))
+        lock = _launcher_lock(launcher_signature(kernel))
     except Exception:  # noqa: BLE001 - an unexpected kernel: make its launcher without waiting for others
         lock = threading.Lock()
     # Bounded: a host compiler that hangs holds up the other variants of its signature no longer than itself.
     locked = lock.acquire(timeout=LAUNCHER_WAIT_SECONDS)
     try:
-        # Triton types the active driver as DriverBase, which declares no launcher_cls; its GPU drivers have one.
-        cast(Any, driver.active).launcher_cls(kernel.src, kernel.metadata)
+        make_launcher(kernel)
     except Exception:  # see the docstring
         logger.debug("buildops: making the launcher of %s ahead of its load failed",
                      getattr(kernel, "name", kernel), exc_info=True)
     finally:
         if locked:
             lock.release()
-
-
-def _launcher_key(kernel: Any) -> str:
-    """What a launcher's C source depends on: the scalar types, which arguments are pointers (whatever they point
-    to), and whether each tensor descriptor has metadata; not the constants that tell one variant from another."""
-    def kind(arg_type: Any) -> Any:
-        if isinstance(arg_type, tuple):
-            return tuple(kind(t) for t in arg_type)
-        return "*" if isinstance(arg_type, str) and arg_type.startswith("*") else arg_type
-    signature = getattr(getattr(kernel, "src", None), "signature", None) or {}
-    descriptors = getattr(kernel.metadata, "tensordesc_meta", None)
-    return repr((tuple(kind(t) for t in signature.values()),
-                 None if descriptors is None else tuple(m is None for m in descriptors)))
 
 
 def _launcher_lock(key: str) -> threading.Lock:

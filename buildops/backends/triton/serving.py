@@ -26,7 +26,8 @@ from ..._runtime.hooks import on_reset
 from .autotune import tune_build
 from .driver import inner_jit, kernel_name
 from .late import listed_by
-from .tunings import known, stand_in_config, tuner_key
+from .tunings import known, stand_in_config
+from .versions import tuning_key
 
 __all__ = ["serve"]
 
@@ -54,7 +55,7 @@ def serve(tuner: Autotuner, original: Any, args: tuple, kwargs: dict) -> Any:
         return original(tuner, *args, **kwargs)
     key: tuple = ()
     try:
-        key = tuner_key(tuner, args, kwargs)
+        key = tuning_key(tuner, args, kwargs)
         tuned = (known(tuner, key) is not None or read_or_default(type(settings).serving_tune) == "inline"
                  or not read_or_default(type(settings).autotune))  # tunings not built: they tune at first use
     except Exception:

@@ -27,19 +27,13 @@ from triton.runtime.autotuner import Autotuner
 
 from ..._runtime.files import write_atomically
 from .driver import inner_jit, kernel_name, target
+from .versions import tuning_choices
 
-__all__ = ["KeptChoice", "keep", "kept", "known", "nearest", "stand_in_config", "tuner_key"]
+__all__ = ["KeptChoice", "keep", "kept", "known", "nearest", "stand_in_config"]
 
 logger = logging.getLogger("buildops")
 
 _DIRECTORY = "buildops-tunings"
-
-
-def tuner_key(tuner: Autotuner, args: tuple, kwargs: dict) -> tuple:
-    """The key ``Autotuner.run`` files its choice under (its own computation: the key arguments, then dtypes)."""
-    named = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in tuner.arg_names}
-    return tuple([named[k] for k in tuner.keys if k in named] +
-                 [str(v.dtype) for v in named.values() if hasattr(v, "dtype")])
 
 
 def _path(tuner: Autotuner, key: tuple) -> Path:
@@ -122,8 +116,8 @@ def kept(tuner: Autotuner, key: tuple) -> Any:
 def known(tuner: Autotuner, key: tuple) -> Any:
     """The tuner's choice for ``key``: in its memory, else kept (then put in its memory, as Triton's own disk
     cache does), else None."""
-    choices = getattr(tuner, "cache", None)
-    if not isinstance(choices, dict):
+    choices = tuning_choices(tuner)
+    if choices is None:
         return None
     config = choices.get(key)
     if config is None:
@@ -154,6 +148,6 @@ def nearest(choices: Any, key: tuple) -> Any:
 def stand_in_config(tuner: Autotuner, key: tuple, configs: list) -> Any:
     """What a launch at an untuned ``key`` runs with instead of tuning: the choice for the nearest key, else the
     first of ``configs``."""
-    choices = getattr(tuner, "cache", None)
-    chosen = nearest(choices, key) if isinstance(choices, dict) and choices else None
+    choices = tuning_choices(tuner)
+    chosen = nearest(choices, key) if choices else None
     return chosen if chosen is not None and chosen in configs else configs[0]

@@ -1,23 +1,28 @@
-"""How ``JITFunction.run`` finds a launch's compiled kernel, version by version: the reading of Triton's internals
-that a build's key depends on, kept here so that a new Triton changes one place. Checked against 3.6, 3.7.1, 3.8
-and 3.9 (pyproject.toml's bounds; CI runs the suite on the oldest and the newest).
+"""Triton's internals that buildops reads, version by version, kept here so that a new Triton changes one place.
+Checked against 3.6, 3.7.1, 3.8 and 3.9 (pyproject.toml's bounds; CI runs the suite on the oldest and the newest).
 
-Where they differ: 3.6 keys a launch on its specialization and its options (``debug``, ``instrumentation_mode``
-and the caller's); 3.7 adds the pipeline of a stages inspection hook, where one is set; 3.9 adds the option
-``fpsan_homomorphic_casts``. In every one the binder that specializes a launch is the fifth item of the
-function's cache for the device.
+* How ``JITFunction.run`` finds a launch's compiled kernel (a build's key depends on it). 3.6 keys a launch on its
+  specialization and its options (``debug``, ``instrumentation_mode`` and the caller's); 3.7 adds the pipeline of a
+  stages inspection hook, where one is set; 3.9 adds the option ``fpsan_homomorphic_casts``. In every one the
+  binder that specializes a launch is the fifth item of the function's cache for the device.
+* How ``Autotuner.run`` files a choice: under the key arguments' values, then the dtypes of the arguments that have
+  one, in its ``cache`` dict (the same from 3.6 to 3.9).
+* How a compiled kernel is loaded: its launcher made by the active driver's ``launcher_cls`` from its source and
+  metadata, then ``_init_handles``; and the install's hash, ``triton.runtime.cache.triton_key``.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 import triton
 from triton import knobs
+from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction, compute_cache_key
 
-__all__ = ["VERSION", "launch_key", "launch_specialization"]
+__all__ = ["VERSION", "launch_key", "launch_specialization", "launcher_signature", "load", "make_launcher",
+           "triton_key", "tuning_choices", "tuning_key"]
 
 
 def _minor(text: str) -> tuple[int, int]:
@@ -48,3 +53,48 @@ def launch_key(specialization: list, options: dict[str, Any]) -> str:
     if hook is not None:  # called with no arguments, as run() does (its declared type has the compiler's call)
         specialization.append(f'("custom_pipeline", {hook()[1]})')
     return compute_cache_key({}, specialization, options)
+
+
+def tuning_key(tuner: Any, args: tuple, kwargs: dict) -> tuple:
+    """The key ``Autotuner.run`` files its choice under: the key arguments, then the dtypes of those that have one."""
+    named = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in tuner.arg_names}
+    return tuple([named[k] for k in tuner.keys if k in named] +
+                 [str(v.dtype) for v in named.values() if hasattr(v, "dtype")])
+
+
+def tuning_choices(tuner: Any) -> dict | None:
+    """The tuner's chosen configs by tuning key (its memory, which ``run`` reads first), or None for a tuner that
+    keeps none."""
+    choices = getattr(tuner, "cache", None)
+    return choices if isinstance(choices, dict) else None
+
+
+def make_launcher(kernel: Any) -> None:
+    """Make the compiled kernel's launcher, as its load will (a C module per signature up to 3.6; cached)."""
+    # Triton types the active driver as DriverBase, which declares no launcher_cls; its GPU drivers have one.
+    cast(Any, driver.active).launcher_cls(kernel.src, kernel.metadata)
+
+
+def launcher_signature(kernel: Any) -> str:
+    """What a launcher's C source depends on: the scalar types, which arguments are pointers (whatever they point
+    to), and whether each tensor descriptor has metadata; not the constants that tell one variant from another."""
+    def kind(arg_type: Any) -> Any:
+        if isinstance(arg_type, tuple):
+            return tuple(kind(t) for t in arg_type)
+        return "*" if isinstance(arg_type, str) and arg_type.startswith("*") else arg_type
+    signature = getattr(getattr(kernel, "src", None), "signature", None) or {}
+    descriptors = getattr(kernel.metadata, "tensordesc_meta", None)
+    return repr((tuple(kind(t) for t in signature.values()),
+                 None if descriptors is None else tuple(m is None for m in descriptors)))
+
+
+def load(kernel: Any) -> None:
+    """Load the compiled kernel onto the current GPU (its module, function and launcher)."""
+    kernel._init_handles()
+
+
+try:
+    from triton.runtime.cache import triton_key
+except ImportError:  # moved in another Triton version: each process computes it once, perhaps on several threads
+    def triton_key() -> str:
+        return ""
