@@ -34,7 +34,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import replace
 from typing import Any, Protocol
 
 from .._config import settings
@@ -45,6 +44,7 @@ from . import extensions
 from .build import Build, BuildRecord, BuildState, BuildTimeoutError, OpStats, Outcome, Record, outcome_of
 from .claims import claim, release
 from .lanes import Lanes, SerialQueue
+from .ledger import Ledger
 from .sharing import StoreCounts, StoreSharing, store_sharing
 from .waiting import wait_until_done
 from .watchdog import Watchdog, abandon, stuck, stuck_gpu_builds
@@ -81,9 +81,8 @@ class Builder:
                                                           lambda: self._closed)
         self._serial_worker: threading.Thread | None = None
         self._records: dict[Hashable, Record] = {}
-        self._history: list[Record] = []  # every record ever made, cancelled ones included, for reports
         self._by_future: dict[concurrent.futures.Future[Any], Record] = {}  # the same records, for expedite()
-        self._stats: dict[str, OpStats] = {}
+        self._ledger = Ledger()
         self._workers: list[threading.Thread] = []
         self._busy = 0
         self._in_flight = 0  # records queued or building
@@ -114,7 +113,7 @@ class Builder:
             if self._closed:
                 raise RuntimeError("buildops: this builder was shut down; submit to the current one "
                                    "(buildops._core.default.default_builder())")
-            stats = self._stats.setdefault(build.op, OpStats())
+            stats = self._ledger.of(build.op)
             record = self._records.get(build.key)
             if record is not None and record.state is BuildState.QUEUED and record.future.cancelled():
                 # Cancelled by its owner through the future, not yet skipped by a worker: it never runs, so the key
@@ -148,7 +147,7 @@ class Builder:
                 raise
             record = Record(build, concurrent.futures.Future(), {owner}, {build.op}, timeout=timeout)
             self._records[build.key] = record
-            self._history.append(record)
+            self._ledger.made(record)
             self._by_future[record.future] = record
             if build.serial:
                 self._serial.put_locked(record)
@@ -253,12 +252,7 @@ class Builder:
             record.error = error
             record.outcome = outcome
             record.state = BuildState.FAILED if error is not None else BuildState.BUILT
-            stats = self._stats.setdefault(record.build.op, OpStats())
-            stats.build_seconds += seconds
-            if error is None:
-                stats.built += 1
-            else:
-                stats.failed += 1
+            self._ledger.ran(record, seconds, failed=error is not None)
         if error is not None:
             logger.warning("buildops: build %s of op %s failed after %.2f s; the op will compile it on first use",
                            record.build.describe(), record.build.op, seconds, exc_info=error)
@@ -279,7 +273,7 @@ class Builder:
     def _cancelled_locked(self, record: Record) -> None:
         """Count a record cancelled before it ran, and forget its key, which may be queued again."""
         record.state = BuildState.CANCELLED
-        self._stats.setdefault(record.build.op, OpStats()).cancelled += 1
+        self._ledger.of(record.build.op).cancelled += 1
         if self._records.get(record.build.key) is record:
             del self._records[record.build.key]
 
@@ -295,9 +289,7 @@ class Builder:
         self._settle(record)
         self._serial_changed.notify_all()
         record.seconds, record.error, record.state = seconds, error, BuildState.FAILED
-        stats = self._stats.setdefault(record.build.op, OpStats())
-        stats.build_seconds += seconds
-        stats.failed += 1
+        self._ledger.ran(record, seconds, failed=True)
         # A worker in place of the stuck one, which ends once its run returns, if ever.
         if record.build.serial:
             if self._serial_worker is record.thread:
@@ -387,7 +379,7 @@ class Builder:
             return self.wait(lambda r: r.future in wanted, timeout, f"builds for {op}")
         finally:
             with self._lock:
-                self._stats.setdefault(op, OpStats()).wait_seconds += time.perf_counter() - start
+                self._ledger.of(op).wait_seconds += time.perf_counter() - start
 
     # -- looking ----------------------------------------------------------------------------------------------
 
@@ -406,23 +398,17 @@ class Builder:
     def stats(self) -> dict[str, OpStats]:
         """A copy of the per-op statistics."""
         with self._lock:
-            return self._copy_stats()
+            return self._ledger.stats()
 
     def history(self) -> list[BuildRecord]:
         """Every build submitted, in order."""
         with self._lock:
-            return self._copy_history()
+            return self._ledger.history()
 
     def snapshot(self) -> tuple[dict[str, OpStats], list[BuildRecord]]:
         """:meth:`stats` and :meth:`history` at one instant, so that a report's counts agree with each other."""
         with self._lock:
-            return self._copy_stats(), self._copy_history()
-
-    def _copy_stats(self) -> dict[str, OpStats]:
-        return {op: replace(s) for op, s in self._stats.items()}
-
-    def _copy_history(self) -> list[BuildRecord]:
-        return [_copied(r, r.outcome or Outcome()) for r in self._history]
+            return self._ledger.stats(), self._ledger.history()
 
     def store_counts(self) -> StoreCounts | None:
         """What this builder's builds took from and gave to the build store; None without one."""
@@ -494,7 +480,3 @@ def on_builder_thread() -> bool:
     """True on a builder's worker thread (compiles there are builds, not late compiles)."""
     return getattr(_thread_role, "builder", False)
 
-
-def _copied(record: Record, outcome: Outcome) -> BuildRecord:
-    return BuildRecord(record.build, record.state, record.seconds, outcome.waited, record.started, record.error,
-                       outcome.cached, outcome.skipped, outcome.where, record.origin)
