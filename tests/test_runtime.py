@@ -97,6 +97,36 @@ def test_every_registered_fork_callback_runs_in_the_child_in_order():
     assert calls == []  # never in the parent
 
 
+def test_a_lock_free_in_child_is_free_in_a_child_forked_while_another_thread_holds_it():
+    import threading
+
+    lock, rlock = forking.free_in_child(threading.Lock()), forking.free_in_child(threading.RLock())
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with lock, rlock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            free = lock.acquire(timeout=1) and rlock.acquire(timeout=1)  # the very objects: nothing renamed them
+            os.write(write, b"free" if free else b"held")
+            os._exit(0)
+        os.close(write)
+        assert os.read(read, 10) == b"free"
+        os.waitpid(pid, 0)
+        assert lock.locked()  # the parent's is still held by its thread
+    finally:
+        release.set()
+        holder.join(10)
+
+
 def test_hooks_run_each_callback_once_in_order():
     hooks, calls = Hooks("test"), []
     one = hooks.add(lambda *args: calls.append(("one", args)))

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from .._runtime.forking import forget_in_child
+from .._runtime.forking import free_in_child
 from . import extensions
 from .build import Build
 from .custom_ops import AtenOverrideRouter, CustomOpRouter, aten_overrides
@@ -181,13 +181,7 @@ def _run(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[s
 
 # (op, custom op) pairs already warned about, so that a sweep warns once, not once per swept shape
 _warned: set[tuple[str, str]] = set()
-_warned_lock = threading.Lock()
-
-
-@forget_in_child
-def _new_lock() -> None:
-    global _warned_lock
-    _warned_lock = threading.Lock()
+_warned_lock = free_in_child(threading.Lock())
 
 
 def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int | None, int]],

@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .._runtime.forking import forget_in_child
+from .._runtime.forking import free_in_child
 from .._runtime.hooks import on_reset
 
 __all__ = ["claim_name", "described", "hold_name", "op_name", "release_name", "short_name"]
@@ -36,13 +36,7 @@ def described(fn: Callable) -> Callable:
 
 _names: dict[str, tuple[str, str]] = {}  # name -> (module, qualname) of the function whose ops hold it
 _holders: dict[str, list[Callable[[], Any]]] = {}  # name -> weak references to the ops that hold it
-_names_lock = threading.Lock()
-
-
-@forget_in_child
-def _new_names_lock() -> None:
-    global _names_lock
-    _names_lock = threading.Lock()
+_names_lock = free_in_child(threading.Lock())
 
 
 def claim_name(fn: Callable, name: str | None, decorator: str) -> tuple[str, bool]:

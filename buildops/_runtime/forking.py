@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["forget_in_child"]
+__all__ = ["forget_in_child", "free_in_child"]
 
 F = TypeVar("F", bound=Callable[[], None])
+L = TypeVar("L", bound=Any)
 
 _callbacks: list[Callable[[], None]] = []
 _lock = threading.Lock()
@@ -35,6 +36,15 @@ def forget_in_child(callback: F) -> F:
             os.register_at_fork(after_in_child=_run_in_child)
             _hooked = True
     return callback
+
+
+def free_in_child(lock: L) -> L:
+    """``lock`` (a ``threading.Lock`` or ``RLock``), made free again in every child forked from now on; returns it:
+    ``_lock = free_in_child(threading.Lock())``. The object stays the same, so whatever holds it (a ``Condition``,
+    an ``import`` of it) stays valid, which a new lock put in the module's name would not give."""
+    # The standard library resets its own module locks this way (threading, logging, concurrent.futures).
+    forget_in_child(lock._at_fork_reinit)
+    return lock
 
 
 def _run_in_child() -> None:

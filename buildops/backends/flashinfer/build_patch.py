@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..._runtime.forking import forget_in_child
+from ..._runtime.forking import free_in_child
 from ..._runtime.hooks import on_reset
 from ..._runtime.patching import Patch
 
@@ -20,13 +20,7 @@ __all__ = ["hold"]
 
 _held: list[Patch] = []  # in the order taken
 _purposes: set[str] = set()
-_lock = threading.Lock()
-
-
-@forget_in_child
-def _new_lock() -> None:
-    global _lock
-    _lock = threading.Lock()
+_lock = free_in_child(threading.Lock())
 
 
 def hold(purpose: str, classes: Iterable[type], make: Callable[[Any], Any], why: str) -> None:

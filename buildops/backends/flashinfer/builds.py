@@ -14,7 +14,7 @@ from ..._config import settings
 from ..._core.build import Build, Outcome
 from ..._core.builder import on_builder_thread
 from ..._core.late import LateCompile, caller, record
-from ..._runtime.forking import forget_in_child
+from ..._runtime.forking import free_in_child
 from . import build_patch
 from .store import FlashInferModule, shareable
 
@@ -35,13 +35,7 @@ _MEMORY_PER_BUILD = 4 * _GIB
 _MEMORY_IF_UNKNOWN = 16 * _GIB
 
 _slots: threading.BoundedSemaphore | None = None  # made at the first build, when settings.threads is known
-_slots_lock = threading.Lock()
-
-
-@forget_in_child
-def _new_locks() -> None:
-    global _slots_lock
-    _slots_lock = threading.Lock()
+_slots_lock = free_in_child(threading.Lock())
 
 
 def _concurrent_builds() -> int:

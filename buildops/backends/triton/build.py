@@ -20,7 +20,7 @@ from triton.runtime.jit import JITFunction
 from ..._config import triton_executor
 from ..._core.build import Outcome
 from ..._runtime import children
-from ..._runtime.forking import forget_in_child
+from ..._runtime.forking import forget_in_child, free_in_child
 from . import entries, worker
 from .driver import compile_only, inner_jit, kernel_name
 from .patches import building
@@ -35,17 +35,15 @@ logger = logging.getLogger("buildops")
 # How long a build waits for another thread making the launcher of its signature before it makes its own.
 LAUNCHER_WAIT_SECONDS = 60.0
 
-_triton_key_lock = threading.Lock()
-_load_lock = threading.Lock()
+_triton_key_lock = free_in_child(threading.Lock())
+_load_lock = free_in_child(threading.Lock())
 _launcher_locks: dict[str, threading.Lock] = {}
-_launcher_locks_lock = threading.Lock()
+_launcher_locks_lock = free_in_child(threading.Lock())
 
 
 @forget_in_child
-def _new_locks() -> None:
-    global _triton_key_lock, _load_lock, _launcher_locks, _launcher_locks_lock
-    _triton_key_lock, _load_lock = threading.Lock(), threading.Lock()
-    _launcher_locks, _launcher_locks_lock = {}, threading.Lock()
+def _forget_launcher_locks() -> None:
+    _launcher_locks.clear()  # a child makes its own launchers: none of the parent's may be held there
 
 
 def hash_triton_install() -> None:

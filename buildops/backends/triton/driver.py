@@ -13,7 +13,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from ..._config import settings
-from ..._runtime.forking import forget_in_child
+from ..._runtime.forking import free_in_child
 
 __all__ = ["CompileOnlyDriver", "active_driver", "compile_only", "inner_jit", "kernel_name", "target"]
 
@@ -77,13 +77,7 @@ class CompileOnlyDriver(DriverBase):
         raise RuntimeError("buildops compile-only Triton driver: kernels are compiled here, never loaded or launched")
 
 
-_driver_lock = threading.Lock()
-
-
-@forget_in_child
-def _new_lock() -> None:
-    global _driver_lock
-    _driver_lock = threading.Lock()
+_driver_lock = free_in_child(threading.Lock())
 
 
 def active_driver() -> Any:

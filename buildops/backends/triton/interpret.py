@@ -18,7 +18,7 @@ from typing import Any
 from triton.runtime.jit import JITFunction
 
 from ..._core.build import Outcome
-from ..._runtime.forking import forget_in_child
+from ..._runtime.forking import free_in_child
 from ..._runtime.patching import Patch
 
 __all__ = ["NOTHING_TO_COMPILE", "InterpretedRun", "innermost", "interpreted", "run_patch", "twin"]
@@ -45,13 +45,7 @@ def innermost(kernel: Any) -> Any:
     return kernel
 
 
-_twins_lock = threading.Lock()
-
-
-@forget_in_child
-def _new_lock() -> None:
-    global _twins_lock
-    _twins_lock = threading.Lock()
+_twins_lock = free_in_child(threading.Lock())
 
 
 def twin(kernel: Any) -> JITFunction:
@@ -76,13 +70,7 @@ class InterpretedRun:
 
 
 _patch: Patch | None = None
-_patch_lock = threading.Lock()
-
-
-@forget_in_child
-def _new_patch_lock() -> None:
-    global _patch_lock
-    _patch_lock = threading.Lock()
+_patch_lock = free_in_child(threading.Lock())
 
 
 def run_patch(make: Any) -> Patch | None:

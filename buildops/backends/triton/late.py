@@ -9,20 +9,14 @@ from triton import knobs
 
 from ..._core.builder import on_builder_thread
 from ..._core.late import LateCompile, caller, record
-from ..._runtime.forking import forget_in_child
+from ..._runtime.forking import free_in_child
 from ..._runtime.hooks import on_reset
 from .labels import compiled_label
 
 __all__ = ["forget_listed", "listed_by", "note_listed", "watch_late_compiles"]
 
 _listed: dict[str, set[str]] = {}  # kernel -> the ops that listed builds of it
-_listed_lock = threading.Lock()
-
-
-@forget_in_child
-def _new_lock() -> None:
-    global _listed_lock
-    _listed_lock = threading.Lock()
+_listed_lock = free_in_child(threading.Lock())
 
 
 def note_listed(kernel: str, op: str) -> None:

@@ -15,21 +15,15 @@ from typing import Any
 
 from triton.runtime.jit import JITFunction
 
-from ..._runtime.forking import forget_in_child
+from ..._runtime.forking import free_in_child
 from ..._runtime.patching import Patch
 
 __all__ = ["building"]
 
-_parse_lock = threading.RLock()
-_module_load_lock = threading.Lock()
+_parse_lock = free_in_child(threading.RLock())
+_module_load_lock = free_in_child(threading.Lock())
 _held: list[Patch] | None = None  # the patches this Triton needs, found at the first build
-_held_lock = threading.Lock()
-
-
-@forget_in_child
-def _new_locks() -> None:
-    global _parse_lock, _module_load_lock, _held_lock
-    _parse_lock, _module_load_lock, _held_lock = threading.RLock(), threading.Lock(), threading.Lock()
+_held_lock = free_in_child(threading.Lock())
 
 
 def _one_parse_at_a_time(original: Any) -> Any:

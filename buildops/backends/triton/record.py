@@ -32,7 +32,7 @@ from triton.runtime.jit import JITFunction
 
 from ..._core.build import Build
 from ..._core.early_starts import recorded
-from ..._runtime.forking import forget_in_child
+from ..._runtime.forking import free_in_child
 from ..._runtime.hooks import on_reset
 from ..._runtime.patching import Patch
 from .autotune import config_for_replay, tune_build
@@ -156,13 +156,7 @@ def _tuner_class_patches_now() -> list[Patch]:
 
 
 _serving = False  # whether serve_after_passes holds the patch of Autotuner.run
-_serving_lock = threading.Lock()
-
-
-@forget_in_child
-def _new_serving_lock() -> None:
-    global _serving_lock
-    _serving_lock = threading.Lock()
+_serving_lock = free_in_child(threading.Lock())
 
 
 def serve_after_passes() -> None:

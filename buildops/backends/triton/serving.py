@@ -21,7 +21,7 @@ from ..._config import read_or_default, settings
 from ..._core.builder import on_builder_thread
 from ..._core.default import default_builder
 from ..._core.late import LateCompile, armed, caller, record
-from ..._runtime.forking import forget_in_child
+from ..._runtime.forking import free_in_child
 from ..._runtime.hooks import on_reset
 from .autotune import tune_build
 from .driver import inner_jit, kernel_name
@@ -34,13 +34,7 @@ __all__ = ["serve"]
 logger = logging.getLogger("buildops")
 
 _queued: set[tuple] = set()  # (kernel, key) whose tuning a serving launch asked for (each recorded once)
-_lock = threading.Lock()
-
-
-@forget_in_child
-def _new_lock() -> None:
-    global _lock
-    _lock = threading.Lock()
+_lock = free_in_child(threading.Lock())
 
 
 @on_reset.add
