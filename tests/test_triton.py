@@ -483,7 +483,7 @@ def test_threads_make_a_shared_launcher_one_at_a_time_and_other_launchers_beside
         with lock:
             inside[kind] -= 1
 
-    monkeypatch.setattr(versions, "driver", SimpleNamespace(active=SimpleNamespace(launcher_cls=make)))
+    monkeypatch.setattr(driver, "driver", SimpleNamespace(active=SimpleNamespace(launcher_cls=make)))
     # Variants and kernels that differ in constants, argument names or pointer types share a launcher; i64 makes
     # another one.
     kernels = [_kernel_with({"x": "*fp32", "n": "i32", "BLOCK": "constexpr"}) for _ in range(3)]

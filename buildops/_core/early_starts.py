@@ -33,7 +33,7 @@ def recorded(build: Build) -> None:
     try:
         start(build)
     except Exception:
-        logger.debug("buildops: starting %s as it was recorded failed; its listing queues it", build.label,
+        logger.debug("buildops: starting %s as it was recorded failed; its listing queues it", build.describe(),
                      exc_info=True)
 
 

@@ -14,12 +14,13 @@ Checked against 3.6, 3.7.1, 3.8 and 3.9 (pyproject.toml's bounds; CI runs the su
 from __future__ import annotations
 
 import re
-from typing import Any, cast
+from typing import Any
 
 import triton
 from triton import knobs
-from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction, compute_cache_key
+
+from .driver import active_driver
 
 __all__ = ["VERSION", "launch_key", "launch_specialization", "launcher_signature", "load", "make_launcher",
            "triton_key", "tuning_choices", "tuning_key"]
@@ -71,8 +72,7 @@ def tuning_choices(tuner: Any) -> dict | None:
 
 def make_launcher(kernel: Any) -> None:
     """Make the compiled kernel's launcher, as its load will (a C module per signature up to 3.6; cached)."""
-    # Triton types the active driver as DriverBase, which declares no launcher_cls; its GPU drivers have one.
-    cast(Any, driver.active).launcher_cls(kernel.src, kernel.metadata)
+    active_driver().launcher_cls(kernel.src, kernel.metadata)
 
 
 def launcher_signature(kernel: Any) -> str:
