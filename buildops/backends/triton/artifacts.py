@@ -1,11 +1,11 @@
 """Check what a Triton build leaves in Triton's disk cache, so that a bad entry is rebuilt, never reported built.
 
-Triton (3.6 and 3.7 alike) keeps a compiled variant in one directory of ``TRITON_CACHE_DIR`` per key: the files of each
-stage (``<name>.source``, ``.ttir``, ``.ttgir``, ``.llir``, ``.ptx``, the binary ``.cubin`` or ``.hsaco``), the
-metadata ``<name>.json``, and last the group file ``__grp__<name>.json`` whose ``child_paths`` name them all.
-``compile()`` treats any entry whose group names an existing metadata file as a hit and reads it as it is: a cubin
-truncated to 10 bytes loads from the cache and fails only at the GPU load; an empty metadata file fails the
-compile. Triton records no size or hash of the binary, so the check is structural.
+Triton (3.6 to 3.9 alike; ``versions`` holds the layout) keeps a compiled variant in one directory of
+``TRITON_CACHE_DIR`` per key: the files of each stage (``<name>.source``, ``.ttir``, ``.ttgir``, ``.llir``, ``.ptx``,
+the binary ``.cubin`` or ``.hsaco``), the metadata ``<name>.json``, and last the group file ``__grp__<name>.json``
+whose ``child_paths`` name them all. ``compile()`` treats any entry whose group names an existing metadata file as a
+hit and reads it as it is: a cubin truncated to 10 bytes loads from the cache and fails only at the GPU load; an
+empty metadata file fails the compile. Triton records no size or hash of the binary, so the check is structural.
 
 Contract of :func:`entry_problem` (the check): an entry passes only if its group file parses and names the
 metadata file and the target's binary; every file it names exists and is not empty; the metadata parses as an
@@ -20,13 +20,12 @@ While a build watches its compiles (``worker.watching_compiles``):
   Triton keeps the kernel in memory; ``worker.warmup`` deletes it and builds once more, and fails the build if
   the second entry is bad too.
 
-Only the bad entry's directory is deleted, and only one directly inside ``knobs.cache.dir``. Torch-free, and
-imports Triton only when used: the worker process imports this.
+Only the bad entry's directory is deleted, and only one directly inside ``knobs.cache.dir``. Torch-free: the worker
+process imports this.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import logging
@@ -37,13 +36,11 @@ import uuid
 from typing import Any
 
 from ..._runtime.patching import Patch
+from .versions import BINARY_EXTENSIONS, GROUP_PREFIX, entry_names
 
 __all__ = ["BadCacheEntry", "check_new_entry", "checked_group", "discard", "elf_problem", "entry_problem"]
 
 logger = logging.getLogger("buildops")
-
-# The binary each backend's compile leaves (Triton's ``backend.binary_ext``); both are ELF files.
-BINARY_EXTENSIONS = {"cuda": "cubin", "hip": "hsaco"}
 
 _SHT_NOBITS = 8  # a section with no data in the file (.bss)
 
@@ -90,20 +87,10 @@ def elf_problem(data: bytes) -> str | None:
     return None
 
 
-def _key_names(key: str) -> set[str]:
-    """The directory names Triton gives the entry of metadata ``hash`` ``key``: base32 of it, or itself."""
-    names = {key}
-    try:
-        names.add(base64.b32encode(bytes.fromhex(key)).decode("ascii").rstrip("="))
-    except ValueError:
-        pass
-    return names
-
-
 def entry_problem(entry: str, metadata_filename: str) -> tuple[str, str] | None:
     """The first bad file of the cache entry in directory ``entry`` whose metadata file is ``metadata_filename``
     (``<kernel name>.json``), and what is wrong with it; None if the entry passes (see the module's contract)."""
-    group_path = os.path.join(entry, f"__grp__{metadata_filename}")
+    group_path = os.path.join(entry, GROUP_PREFIX + metadata_filename)
     try:
         with open(group_path, encoding="utf-8") as f:
             children = json.load(f).get("child_paths")
@@ -126,7 +113,7 @@ def entry_problem(entry: str, metadata_filename: str) -> tuple[str, str] | None:
         key, backend = metadata["hash"], metadata["target"]["backend"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return metadata_path, f"unreadable metadata ({type(exc).__name__}: {exc})"
-    if os.path.basename(os.path.normpath(entry)) not in _key_names(str(key)):
+    if os.path.basename(os.path.normpath(entry)) not in entry_names(str(key)):
         return metadata_path, f"its hash {key} is not this entry's key"
     extension = BINARY_EXTENSIONS.get(backend)
     if extension is None:  # a backend whose binary this does not know: the checks above only
@@ -184,7 +171,7 @@ def checked_group(original: Any, watching: Any) -> Any:
     def get_group(self: Any, filename: str) -> Any:
         entry = getattr(self, "cache_dir", None)
         if (watching() and filename.endswith(".json") and entry
-                and os.path.exists(os.path.join(entry, f"__grp__{filename}"))):
+                and os.path.exists(os.path.join(entry, GROUP_PREFIX + filename))):
             problem = entry_problem(entry, filename)
             # discard is False for an entry outside the cache dir (Triton's dump or override dirs): left as it is
             if problem is not None and discard(entry):

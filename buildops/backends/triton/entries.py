@@ -25,10 +25,10 @@ from typing import Any
 
 from ..._runtime.patching import Patch
 from ..cache_entries import CacheEntries
+from . import versions
+from .versions import GROUP_PREFIX
 
 __all__ = ["TritonEntries", "collecting"]
-
-_GROUP_PREFIX = "__grp__"
 
 _noted = threading.local()  # .entries: the set this thread's block fills, or None outside one
 
@@ -78,21 +78,8 @@ def _cache_dir() -> Path:
 def _install_identity(backend: str, arch: Any, warp_size: int) -> str:
     """What the compiler brings to a kernel's identity: Triton's own hash of its install (contents, not paths), the
     backend's (ptxas's version and the arch), and the Python and machine a launcher is built for."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import make_backend
-    from triton.runtime.cache import triton_key
-
-    backend_hash = make_backend(GPUTarget(backend, arch, warp_size)).hash()
-    return f"{triton_key()}|{backend_hash}|{sys.version_info[:2]}|{platform.machine()}"
-
-
-def _environment() -> str:
-    """The variables Triton's own cache key reads (``get_cache_invalidating_env_vars``)."""
-    try:
-        from triton._C.libtriton import get_cache_invalidating_env_vars
-    except ImportError:
-        return ""
-    return repr(sorted(get_cache_invalidating_env_vars().items()))
+    return (f"{versions.triton_key()}|{versions.compiler_hash(backend, arch, warp_size)}|{sys.version_info[:2]}|"
+            f"{platform.machine()}")
 
 
 class TritonEntries(CacheEntries):
@@ -105,7 +92,7 @@ class TritonEntries(CacheEntries):
 
     def identity(self) -> str:
         if self._identity is None:
-            described = f"triton|{self.key!r}|{_install_identity(*self.target)}|{_environment()}"
+            described = f"triton|{self.key!r}|{_install_identity(*self.target)}|{versions.cache_invalidating_env()}"
             self._identity = hashlib.sha256(described.encode()).hexdigest()
         return self._identity
 
@@ -136,7 +123,7 @@ class TritonEntries(CacheEntries):
                 problem = elf_problem(files[path])
                 if problem is not None:
                     return f"{path}: {problem}"
-            elif name.endswith(".json") and not name.startswith(_GROUP_PREFIX):
+            elif name.endswith(".json") and not name.startswith(GROUP_PREFIX):
                 try:
                     target = json.loads(files[path]).get("target") or {}
                 except (ValueError, AttributeError):
@@ -160,7 +147,7 @@ def _read_entry(directory: Path) -> dict[str, bytes]:
         paths = [p for p in directory.iterdir() if p.is_file() and not p.is_symlink() and p.name != "lock"]
         for path in paths:
             data = path.read_bytes()
-            contents[path.name] = _group_by_name(data) if path.name.startswith(_GROUP_PREFIX) else data
+            contents[path.name] = _group_by_name(data) if path.name.startswith(GROUP_PREFIX) else data
     except (OSError, ValueError):
         return {}
     return contents
@@ -184,20 +171,20 @@ def _install_entry(root: Path, entry: str, contents: dict[str, bytes]) -> None:
     Triton makes an entry's directory when it looks it up, so an empty one is filled (its files renamed in one at
     a time, the group file last: Triton finds the entry only through it)."""
     final = root / entry
-    if final.is_dir() and any(final.glob(_GROUP_PREFIX + "*")):
+    if final.is_dir() and any(final.glob(GROUP_PREFIX + "*")):
         return
     staging = root / f"tmp.buildops.{uuid.uuid4().hex}"
     staging.mkdir(parents=True)
     try:
         for name, data in contents.items():
-            is_group = name.startswith(_GROUP_PREFIX)
+            is_group = name.startswith(GROUP_PREFIX)
             (staging / name).write_bytes(_group_here(data, final) if is_group else data)
         try:
             os.rename(staging, final)
             return
         except OSError:  # there already (Triton made it empty, or another process filled it): file by file
             pass
-        for name in sorted(contents, key=lambda n: n.startswith(_GROUP_PREFIX)):
+        for name in sorted(contents, key=lambda n: n.startswith(GROUP_PREFIX)):
             if not (final / name).exists():
                 os.replace(staging / name, final / name)
     finally:

@@ -20,10 +20,9 @@ from triton.runtime.jit import JITFunction
 from ..._core.build import Outcome
 from ..._runtime.forking import free_in_child
 from ..._runtime.patching import Patch
+from .versions import INTERPRETER_MODULE
 
 __all__ = ["NOTHING_TO_COMPILE", "InterpretedRun", "innermost", "interpreted", "run_patch", "twin"]
-
-_MODULE = "triton.runtime.interpreter"
 
 #: what an interpreted kernel's build says it did (its ``skipped`` reason)
 NOTHING_TO_COMPILE = "nothing to compile (Triton interpreter)"
@@ -32,13 +31,13 @@ NOTHING_TO_COMPILE = "nothing to compile (Triton interpreter)"
 def interpreted(kernel: Any) -> bool:
     """Whether ``kernel`` (the innermost one, under any ``@triton.autotune``/``@triton.heuristics``) runs in
     Triton's interpreter."""
-    module = sys.modules.get(_MODULE)
+    module = sys.modules.get(INTERPRETER_MODULE)
     return module is not None and isinstance(innermost(kernel), module.InterpretedFunction)
 
 
 def innermost(kernel: Any) -> Any:
     """The ``JITFunction`` or ``InterpretedFunction`` under a kernel's wrappers."""
-    module = sys.modules.get(_MODULE)
+    module = sys.modules.get(INTERPRETER_MODULE)
     leaf: tuple[type, ...] = (JITFunction,) if module is None else (JITFunction, module.InterpretedFunction)
     while not isinstance(kernel, leaf):
         kernel = kernel.fn
@@ -77,7 +76,7 @@ def run_patch(make: Any) -> Patch | None:
     """The patch of ``InterpretedFunction.run`` that records launches (``make`` builds the replacement, as for
     ``JITFunction.run``), or None while Triton's interpreter is not imported (no kernel is interpreted)."""
     global _patch
-    module = sys.modules.get(_MODULE)
+    module = sys.modules.get(INTERPRETER_MODULE)
     if module is None:
         return None
     with _patch_lock:

@@ -156,9 +156,11 @@ def _describe_function(fn_obj: Any, functions: dict[str, ShippedFunction], watch
 def _kind(fn_obj: Any) -> str | None:
     from triton.runtime import jit as triton_jit
 
+    from . import versions
+
     if type(fn_obj) is triton_jit.JITFunction:
         return "jit"
-    constexpr_function = getattr(triton_jit, "ConstexprFunction", None)
+    constexpr_function = versions.constexpr_function_type()
     if constexpr_function is not None and type(fn_obj) is constexpr_function:
         return "constexpr_function"
     return None
@@ -302,11 +304,13 @@ def _rebuild_function(name: str, functions: dict[str, ShippedFunction], made: di
     fn = _define(shipped, scope)
     from triton.runtime import jit as triton_jit
 
+    from . import versions
+
     with _source_visible(shipped):  # Triton reads a function's source and line through inspect
         if shipped.kind == "jit":
             rebuilt = triton_jit.JITFunction(fn, **shipped.options)
         else:
-            rebuilt = triton_jit.ConstexprFunction(fn)  # pyright: ignore[reportAttributeAccessIssue]
+            rebuilt = versions.constexpr_function_type()(fn)  # pyright: ignore[reportOptionalCall]
     made[name] = rebuilt
     for global_name, value in shipped.reads.items():  # a function that named itself gets itself, decorated
         if value == ("function", name):

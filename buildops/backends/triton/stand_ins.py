@@ -8,10 +8,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..._core.tensor_specs import TensorSpec
+from .versions import POINTER_ALIGNMENT
 
 __all__ = ["PointerArg", "stand_in"]
-
-_ALIGNMENT = 16  # Triton specializes a pointer argument on whether data_ptr() is a multiple of this
 
 
 class PointerArg:
@@ -29,7 +28,7 @@ class PointerArg:
         self.aligned = aligned
 
     def data_ptr(self) -> int:
-        return 0 if self.aligned else _ALIGNMENT // 2
+        return 0 if self.aligned else POINTER_ALIGNMENT // 2
 
     def __repr__(self) -> str:
         return f"PointerArg({self.dtype}, aligned={self.aligned})"
@@ -51,7 +50,7 @@ def stand_in(arg: Any) -> Any:
             pointer = arg.storage_offset() * arg.element_size()
         else:
             pointer = arg.data_ptr()
-        return PointerArg(arg.dtype, pointer % _ALIGNMENT == 0)
+        return PointerArg(arg.dtype, pointer % POINTER_ALIGNMENT == 0)
     if isinstance(arg, TensorSpec):
         return PointerArg(arg.dtype, True)
     if isinstance(arg, torch.dtype):

@@ -196,9 +196,10 @@ def _build_triton_utils(report: bool = False) -> int:
     printing the cache's directory). Not through ``driver.active``, which would initialise CUDA."""
     try:
         from triton import knobs
-        from triton.backends.nvidia.driver import CudaUtils
 
-        CudaUtils()
+        from .versions import build_cuda_utils
+
+        build_cuda_utils()
     except Exception:  # noqa: BLE001 - no CUDA here, or another Triton: the driver builds it when first used
         return 1
     if report:

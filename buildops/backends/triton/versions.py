@@ -9,10 +9,20 @@ Checked against 3.6, 3.7.1, 3.8 and 3.9 (pyproject.toml's bounds; CI runs the su
   one, in its ``cache`` dict (the same from 3.6 to 3.9).
 * How a compiled kernel is loaded: its launcher made by the active driver's ``launcher_cls`` from its source and
   metadata, then ``_init_handles``; and the install's hash, ``triton.runtime.cache.triton_key``.
+* What goes into a compiled variant's identity besides its source: the backend compiler's ``hash()`` for a target
+  and the environment variables Triton's own cache key reads.
+* The disk cache's layout (the same from 3.6 to 3.9): one directory per variant, named by its hash (or the hash in
+  base32); in it each stage's file, the metadata ``<name>.json`` and last the group file ``__grp__<name>.json``
+  whose ``child_paths`` name every file by absolute path.
+* Where kernels of other kinds live: ``ConstexprFunction`` (3.8+), the interpreter's ``InterpretedFunction``, the
+  CUDA helper module (``CudaUtils``); and that a pointer argument specializes on 16-byte alignment.
+
+Imports Triton, never torch: worker processes import it.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 from typing import Any
 
@@ -20,10 +30,10 @@ import triton
 from triton import knobs
 from triton.runtime.jit import JITFunction, compute_cache_key
 
-from .driver import active_driver
-
-__all__ = ["VERSION", "launch_key", "launch_specialization", "launcher_signature", "load", "make_launcher",
-           "triton_key", "tuning_choices", "tuning_key"]
+__all__ = ["BINARY_EXTENSIONS", "GROUP_PREFIX", "INTERPRETER_MODULE", "POINTER_ALIGNMENT", "VERSION",
+           "build_cuda_utils", "cache_invalidating_env", "compiler_hash", "constexpr_function_type", "entry_names",
+           "launch_key", "launch_specialization", "launcher_signature", "load", "make_launcher", "triton_key",
+           "tuning_choices", "tuning_key"]
 
 
 def _minor(text: str) -> tuple[int, int]:
@@ -72,6 +82,8 @@ def tuning_choices(tuner: Any) -> dict | None:
 
 def make_launcher(kernel: Any) -> None:
     """Make the compiled kernel's launcher, as its load will (a C module per signature up to 3.6; cached)."""
+    from .driver import active_driver  # here: the driver module imports torch
+
     active_driver().launcher_cls(kernel.src, kernel.metadata)
 
 
@@ -98,3 +110,59 @@ try:
 except ImportError:  # moved in another Triton version: each process computes it once, perhaps on several threads
     def triton_key() -> str:
         return ""
+
+
+def compiler_hash(backend: str, arch: Any, warp_size: int) -> str:
+    """The backend compiler's hash for a target (ptxas's version and the arch, for CUDA)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    return make_backend(GPUTarget(backend, arch, warp_size)).hash()
+
+
+def cache_invalidating_env() -> str:
+    """The environment variables Triton's own cache key reads, with their values ("" where Triton has no list)."""
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+    except ImportError:
+        return ""
+    return repr(sorted(get_cache_invalidating_env_vars().items()))
+
+
+def build_cuda_utils() -> None:
+    """Build (or find in the cache) Triton's CUDA helper module, without initialising CUDA as ``driver.active``
+    would. Raises where there is no CUDA, or the Triton has no such module."""
+    from triton.backends.nvidia.driver import CudaUtils
+
+    CudaUtils()
+
+
+#: the prefix of a group file's name (then the metadata file's name)
+GROUP_PREFIX = "__grp__"
+
+#: the binary each backend's compile leaves (its compiler's ``binary_ext``); both are ELF files
+BINARY_EXTENSIONS = {"cuda": "cubin", "hip": "hsaco"}
+
+
+def entry_names(key: str) -> set[str]:
+    """The directory names Triton gives the entry of metadata ``hash`` ``key``: base32 of it, or itself."""
+    names = {key}
+    try:
+        names.add(base64.b32encode(bytes.fromhex(key)).decode("ascii").rstrip("="))
+    except ValueError:
+        pass
+    return names
+
+
+#: the module of Triton's interpreter (``TRITON_INTERPRET=1``), imported by Triton only where a kernel uses it
+INTERPRETER_MODULE = "triton.runtime.interpreter"
+
+#: a pointer argument specializes on whether its address is a multiple of this
+POINTER_ALIGNMENT = 16
+
+
+def constexpr_function_type() -> type | None:
+    """``@triton.constexpr_function``'s class (Triton 3.8+), or None."""
+    from triton.runtime import jit as triton_jit
+
+    return getattr(triton_jit, "ConstexprFunction", None)
