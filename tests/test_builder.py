@@ -45,7 +45,7 @@ def test_serial_builds_run_one_at_a_time_in_order_beside_the_others(runs):
         assert runs.calls == ["tune-1", "compile", "tune-2"]
     finally:
         builder.shutdown()
-    assert builder._serial_worker is not None and not builder._serial_worker.is_alive()
+    assert builder._threads.serial_locked is not None and not builder._threads.serial_locked.is_alive()
 
 
 def test_the_serial_worker_runs_first_the_serial_builds_whose_after_builds_are_done(runs):
@@ -78,7 +78,7 @@ def test_a_serial_build_runs_anyway_once_it_waited_too_long(runs, monkeypatch):
     finally:
         gate.set()
         builder.shutdown()
-    assert not builder._serial_worker.is_alive()
+    assert not builder._threads.serial_locked.is_alive()
 
 
 def test_shutdown_stops_a_serial_worker_that_waits_for_compiles(runs):
@@ -89,7 +89,7 @@ def test_shutdown_stops_a_serial_worker_that_waits_for_compiles(runs):
     assert runs.started.wait(WAIT)
     threading.Timer(0.2, gate.set).start()
     builder.shutdown(wait=True, timeout=WAIT)
-    assert tune.cancelled() and not builder._serial_worker.is_alive()
+    assert tune.cancelled() and not builder._threads.serial_locked.is_alive()
 
 
 def test_only_serial_builds_may_wait_for_others():
@@ -132,7 +132,7 @@ def test_shutdown_with_a_timeout_waits_that_long_in_all_for_stuck_builds(runs):
     for n in range(4):
         builder.submit(runs.build("op", n, gate=gate))  # four workers, each stuck in a build
     ends = []  # when each join may last until
-    for worker in builder._workers:
+    for worker in builder._threads.normal_locked:
         join = worker.join
         worker.join = lambda timeout=None, join=join: (ends.append(time.monotonic() + timeout), join(timeout))
     deadline = time.monotonic() + 0.3
@@ -336,7 +336,7 @@ def test_a_build_past_the_timeout_is_given_up_and_another_worker_takes_its_place
     with settings.scope(build_timeout=0.2):
         stuck = builder.submit(runs.build("op", "stuck", gate=gate))
         assert runs.started.wait(WAIT)
-        [old] = builder._workers
+        [old] = builder._threads.normal_locked
         with pytest.raises(buildops.BuildTimeoutError,
                            match=r"build 'stuck' of op op ran 0\.\d s, past BUILDOPS_BUILD_TIMEOUT=0\.2; given up"):
             stuck.result(WAIT)
@@ -344,10 +344,10 @@ def test_a_build_past_the_timeout_is_given_up_and_another_worker_takes_its_place
         assert "will compile it on first use" in caplog.text
         after = builder.submit(runs.build("op", "after"))
         assert after.result(WAIT) == "after"  # a new worker, though the only one is still inside "stuck"
-    assert old not in builder._workers and builder.busy == 1  # the stuck run still counts as running
+    assert old not in builder._threads.normal_locked and builder.busy == 1  # the stuck run still counts as running
     gate.set()
     old.join(WAIT)
-    assert not old.is_alive() and len(builder._workers) == 1  # it ended once its run returned
+    assert not old.is_alive() and len(builder._threads.normal_locked) == 1  # it ended once its run returned
     assert builder.state("stuck") is BuildState.FAILED  # its late outcome is dropped
     assert builder.stats()["op"].failed == 1 and builder.stats()["op"].built == 1
     builder.shutdown()
@@ -411,7 +411,7 @@ def test_a_given_up_build_is_abandoned_so_a_worker_process_stuck_in_it_stops(cap
             with pytest.raises(buildops.BuildTimeoutError):
                 future.result(WAIT * 6)
         # This run's own thread: another test's builder may have a worker of the same name still ending
-        assert run.thread is not None and run.thread not in builder._workers
+        assert run.thread is not None and run.thread not in builder._threads.normal_locked
         run.thread.join(WAIT * 3)
         assert not run.thread.is_alive()  # its run raised once its worker was stopped
         assert "ended after" in caplog.text  # ... and that outcome was dropped

@@ -20,7 +20,7 @@ Concurrency model:
   * A build that raises is marked failed, logged once with its traceback and counted; its future holds the
     exception, which buildops never re-raises into an op's call: the op compiles on first use instead.
   * A build that runs longer than ``BUILDOPS_BUILD_TIMEOUT`` is given up (:mod:`.watchdog`), and a worker starts
-    in place of the one still inside it.
+    in place of the one still inside it (:mod:`.builder_threads`).
   * While it has builds queued or running, the builder holds the GIL's short switch interval
     (:mod:`buildops._runtime.gil`).
   * After ``os.fork`` the child forgets the parent's builder (its threads do not exist there, its locks may be
@@ -42,6 +42,7 @@ from .._runtime.node import node_claims
 from .._runtime.turns import urgency
 from . import extensions
 from .build import Build, BuildRecord, BuildState, BuildTimeoutError, OpStats, Outcome, Record, outcome_of
+from .builder_threads import BuilderThreads, join
 from .claims import claim, release
 from .lanes import Lanes, SerialQueue
 from .ledger import Ledger
@@ -49,15 +50,13 @@ from .sharing import StoreCounts, StoreSharing, store_sharing
 from .waiting import wait_until_done
 from .watchdog import Watchdog, abandon, stuck, stuck_gpu_builds
 
-__all__ = ["Builder", "on_builder_thread"]
+__all__ = ["Builder"]
 
 logger = logging.getLogger("buildops")
 
 # The owner of a build started as its launch was recorded, until its listing takes it (Builder.start_early)
 _EARLY = object()
 
-# How long shutdown() waits on one worker at a time before it looks again at which are stuck.
-JOIN_STEP_SECONDS = 0.1
 # How long shutdown waits for the watchdog's thread to end once it watches nothing: woken, it ends at once.
 WATCHDOG_END_SECONDS = 1.0
 
@@ -72,24 +71,21 @@ class Builder:
     """Runs builds on worker threads, deduplicated by key. See the module docstring for the concurrency model."""
 
     def __init__(self, threads: int | None = None) -> None:
-        self.threads = threads if threads is not None else settings.threads
         self._lock = threading.Lock()
         self._queue_changed = threading.Condition(self._lock)  # a normal build queued, or a worker to stop
         self._queue: Lanes[Record] = Lanes(self._queue_changed)
         self._serial_changed = threading.Condition(self._lock)  # a serial build queued, a build done, or closing
         self._serial: SerialQueue[Record] = SerialQueue(self._serial_changed, self._done_locked,
                                                           lambda: self._closed)
-        self._serial_worker: threading.Thread | None = None
         self._records: dict[Hashable, Record] = {}
         self._by_future: dict[concurrent.futures.Future[Any], Record] = {}  # the same records, for expedite()
         self._ledger = Ledger()
-        self._workers: list[threading.Thread] = []
+        self._threads = BuilderThreads(threads if threads is not None else settings.threads, self._work)
         self._busy = 0
         self._in_flight = 0  # records queued or building
         self._closed = False
         self._claims = node_claims()
         self._sharing = store_sharing()
-        self._started_workers = 0  # for worker names: one that replaced a stuck one gets a new name
         self._watch_changed = threading.Condition(self._lock)  # a deadline set, a run ended, or closing
         self._watchdog: Watchdog[Record] = Watchdog(self._watch_changed, self._give_up_locked, self._after_give_up,
                                                      lambda: self._closed)
@@ -138,10 +134,7 @@ class Builder:
             try:
                 if build.uses_gpu:
                     extensions.first_gpu_build()
-                if build.serial and self._serial_worker is None:
-                    self._start_serial_worker_locked()
-                elif not build.serial and len(self._workers) < self.threads:
-                    self._start_worker()
+                self._threads.start_for_locked(build.serial)
             except BaseException:  # nothing was queued: no longer in flight
                 self._count_out_locked()
                 raise
@@ -155,22 +148,10 @@ class Builder:
                 self._queue.put_locked(record)
             return record.future
 
-    def _start_serial_worker_locked(self) -> None:
-        worker = threading.Thread(target=self._work, args=(self._serial.take, self._serial.put),
-                                  name="buildops-serial", daemon=True)
-        worker.start()
-        self._serial_worker = worker
-
-    def _start_worker(self) -> None:
-        name = f"buildops-worker-{self._started_workers}"
-        self._started_workers += 1
-        thread = threading.Thread(target=self._work, args=(self._queue.take, self._queue.put), name=name,
-                                  daemon=True)
-        self._workers.append(thread)
-        thread.start()
-
-    def _work(self, take: Callable[[], Record | None], put_back: Callable[[Record], None]) -> None:
-        _thread_role.builder = True
+    def _work(self, serial: bool) -> None:
+        """A worker thread's loop, on the serial queue or the normal one."""
+        queue = self._serial if serial else self._queue
+        take, put_back = queue.take, queue.put
         while True:
             record = take()
             if record is None:
@@ -291,18 +272,8 @@ class Builder:
         record.seconds, record.error, record.state = seconds, error, BuildState.FAILED
         self._ledger.ran(record, seconds, failed=True)
         # A worker in place of the stuck one, which ends once its run returns, if ever.
-        if record.build.serial:
-            if self._serial_worker is record.thread:
-                self._serial_worker = None
-                if self._serial.pending:
-                    self._start_serial_worker_locked()
-        elif record.thread in self._workers:
-            self._workers.remove(record.thread)
-            if not self._closed:
-                try:
-                    self._start_worker()
-                except RuntimeError:  # no thread to be had: the queue goes on with one worker fewer
-                    logger.exception("buildops: starting a worker in place of a stuck one failed")
+        needed = bool(self._serial.pending) if record.build.serial else not self._closed
+        self._threads.replace_locked(record.thread, record.build.serial, needed)
         return error
 
     def _after_give_up(self, record: Record, error: BaseException) -> None:
@@ -436,9 +407,14 @@ class Builder:
         return pending + [b for b in stuck_gpu_builds() if b not in pending]
 
     @property
+    def threads(self) -> int:
+        """The most worker threads on the normal queue."""
+        return self._threads.limit
+
+    @property
     def workers(self) -> int:
         with self._lock:
-            return len(self._workers)
+            return len(self._threads.normal_locked)
 
     def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
         """Cancel queued builds and stop the workers; with ``wait``, return once running builds finished
@@ -449,34 +425,20 @@ class Builder:
                 if record.future.cancel():
                     self._settle(record)
                     self._cancelled_locked(record)
-            workers = list(self._workers)
+            workers = self._threads.normal_locked
             for _ in workers:
                 self._queue.put_locked(None)
-            serial = self._serial_worker
+            serial = self._threads.serial_locked
             self._serial_changed.notify_all()  # it stops once its list is empty
             self._watch_changed.notify_all()  # the watchdog ends once no run it watches is left
         if serial is not None:
             workers.append(serial)
         if wait:
-            deadline = None if timeout is None else time.monotonic() + timeout  # for all of them, not each
-            for thread in workers:
-                # In steps: a build may be given up as timed out meanwhile, and its stuck thread is not waited for.
-                while thread is not threading.current_thread() and thread.is_alive() and not stuck.holds(thread):
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        break
-                    thread.join(JOIN_STEP_SECONDS if left is None else min(JOIN_STEP_SECONDS, left))
+            deadline = None if timeout is None else time.monotonic() + timeout
+            join(workers, deadline)
             if not self._watchdog.running:  # it watches nothing more and is ending: no thread outlives the builder
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 self._watchdog.join(WATCHDOG_END_SECONDS if left is None else min(WATCHDOG_END_SECONDS, left))
             if self._sharing is not None:  # after the workers: each released its own builds' claims
                 self._sharing.close()
-
-
-_thread_role = threading.local()
-
-
-def on_builder_thread() -> bool:
-    """True on a builder's worker thread (compiles there are builds, not late compiles)."""
-    return getattr(_thread_role, "builder", False)
 

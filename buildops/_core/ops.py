@@ -31,7 +31,8 @@ import torch
 
 from .._config import settings
 from .build import Build
-from .builder import Builder, on_builder_thread
+from .builder import Builder
+from .builder_threads import on_builder_thread
 from .coverage import note_beyond_max, note_sweep
 from .declaring import (
     Lister,

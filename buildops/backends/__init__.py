@@ -8,7 +8,7 @@ need no registration: they run the library's own code).
 
 from __future__ import annotations
 
-from .._core.builder import on_builder_thread
+from .._core.builder_threads import on_builder_thread
 from .._core.early_starts import recorded
 from .._core.extensions import Backend, register
 from .._core.late import LateCompile, caller

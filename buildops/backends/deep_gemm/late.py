@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..._core.builder import on_builder_thread
+from ..._core.builder_threads import on_builder_thread
 from ..._core.late import LateCompile, LateCompileError, caller, record
 from ..._runtime.forking import forget_in_child
 from ..._runtime.hooks import on_reset

@@ -12,7 +12,7 @@ from filelock import FileLock
 
 from ..._config import settings
 from ..._core.build import Build, Outcome
-from ..._core.builder import on_builder_thread
+from ..._core.builder_threads import on_builder_thread
 from ..._core.late import LateCompile, caller, record
 from ..._runtime.forking import free_in_child
 from . import build_patch

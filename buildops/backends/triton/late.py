@@ -7,7 +7,7 @@ from typing import Any
 
 from triton import knobs
 
-from ..._core.builder import on_builder_thread
+from ..._core.builder_threads import on_builder_thread
 from ..._core.late import LateCompile, caller, record
 from ..._runtime.forking import free_in_child
 from ..._runtime.hooks import on_reset

@@ -26,7 +26,7 @@ import threading
 from typing import Any, Protocol
 
 from ..._core.build import Build
-from ..._core.builder import on_builder_thread
+from ..._core.builder_threads import on_builder_thread
 from ..._core.default import current_builder
 from . import worker
 

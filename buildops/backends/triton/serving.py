@@ -18,7 +18,7 @@ from typing import Any
 from triton.runtime.autotuner import Autotuner
 
 from ..._config import read_or_default, settings
-from ..._core.builder import on_builder_thread
+from ..._core.builder_threads import on_builder_thread
 from ..._core.default import default_builder
 from ..._core.late import LateCompile, armed, caller, record
 from ..._runtime.forking import free_in_child
