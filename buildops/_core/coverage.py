@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .._runtime.forking import forget_in_child
+from .._runtime.forking import free_in_child
 from .._runtime.hooks import on_reset
 
 __all__ = ["BeyondMax", "Swept", "beyond_max", "note_beyond_max", "note_sweep", "swept"]
@@ -45,7 +45,7 @@ class BeyondMax:
 
 class _Coverage:
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = free_in_child(threading.Lock())
         self.values: dict[tuple[str, str], set[int]] = {}
         self.beyond: list[BeyondMax] = []
 
@@ -86,6 +86,3 @@ def _forget() -> None:
         _state.beyond.clear()
 
 
-@forget_in_child
-def _new_lock() -> None:
-    _state.lock = threading.Lock()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._config import settings
-from .._runtime.forking import forget_in_child
+from .._runtime.forking import free_in_child
 from .._runtime.hooks import on_reset
 from . import late
 from .build import Build
@@ -72,16 +72,11 @@ class _ListedNothingLog:
     """The ops that listed nothing in the outermost passes ended so far, until ``buildops.testing.reset``."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = free_in_child(threading.Lock())
         self.entries: list[ListedNothing] = []
 
 
 _listed_nothing = _ListedNothingLog()
-
-
-@forget_in_child
-def _new_lock() -> None:
-    _listed_nothing.lock = threading.Lock()
 
 
 @on_reset.add

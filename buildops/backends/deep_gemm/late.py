@@ -23,7 +23,7 @@ from typing import Any
 
 from ..._core.builder_threads import on_builder_thread
 from ..._core.late import LateCompile, LateCompileError, caller, record
-from ..._runtime.forking import forget_in_child
+from ..._runtime.forking import free_in_child
 from ..._runtime.hooks import on_reset
 from ..._runtime.patching import Patch
 from .entries import cache_root, entries_being_made
@@ -55,7 +55,7 @@ class _Watch:
     listed, and the ops whose builds made entries of each kernel."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = free_in_child(threading.Lock())
         self.modules: set[str] = {"deep_gemm"}
         self.patches: dict[tuple[str, str], Patch] = {}
         self.listed: dict[Path, tuple[Any, frozenset[str]]] = {}  # directory -> (its stat, its entries)
@@ -63,11 +63,6 @@ class _Watch:
 
 
 _watch = _Watch()
-
-
-@forget_in_child
-def _new_lock() -> None:
-    _watch.lock = threading.Lock()
 
 
 def note_module(module: str) -> None:
