@@ -119,7 +119,8 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
                        overlap: bool = False, freeze_heap: bool = False, ready: str = "called",
                        warm: Callable[[], object] | None = None) -> T:
     """Run the dummy forwards in a :func:`~buildops.rehearsal` (their builds start), load the checkpoint while the
-    builds run, wait until serving can begin, optionally serve one warm request, and collect the start's garbage.
+    builds run, collect the start's garbage, wait until serving can begin, and optionally serve one warm request
+    (then collecting its garbage, rather than before the wait).
 
     Ready (``ready="called"``, the default) waits for the builds of the shapes the rehearsal's calls were made at,
     which the engine will certainly call first (an engine names more by calling them in the rehearsal), and for
@@ -165,17 +166,15 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
     rehearsing = rehearsal(name)
     try:
         loaded = _rehearse_and_load(rehearsing, rehearse, load, name, overlap)
+        if warm is None:  # this thread's last Python work is done: collect beside the builds it will wait for
+            _collect_garbage(name)
         with phase(f"{name}: wait until ready"):
             _wait_for_ready_builds(rehearsing, ready)
         readiness.mark_ready()
         if warm is not None:
             with phase(f"{name}: warm"):
                 warm()
-        with phase(f"{name}: collect garbage"):
-            # The rehearsal's replays (and the warm request) leave objects in reference cycles: collect them now,
-            # not in the first request. A full collection: garbage that outlived the load's automatic collections
-            # is in the oldest generation (docs/decisions/0011-freeze-heap-at-end-of-start.md).
-            gc.collect()
+            _collect_garbage(name)
     except BaseException as error:
         # The start is off (a Ctrl-C in the load, the wait or the warm request, a load that failed): no one wants
         # what the rehearsal queued. A rehearsal body that raised has cancelled its own already.
@@ -186,6 +185,14 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
     if freeze_heap:
         gc.freeze()
     return loaded
+
+
+def _collect_garbage(name: str) -> None:
+    """Collect the reference cycles the rehearsal's replays (and the warm request) left, in the start and not in
+    the first request. A full collection: garbage that outlived the load's automatic collections is in the oldest
+    generation (docs/decisions/0011-freeze-heap-at-end-of-start.md)."""
+    with phase(f"{name}: collect garbage"):
+        gc.collect()
 
 
 def ready_time() -> float | None:

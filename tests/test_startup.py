@@ -86,7 +86,7 @@ def test_rehearse_then_load_overlaps_the_load_with_the_builds(runs):
     assert rehearse_then_load(lambda: op(torch.zeros(2, 8)), load) == "weights"
     assert current_builder().state(("op", 8)) is BuildState.BUILT  # joined before returning
     assert [name for name, _ in phases()] == ["create model", "startup: rehearsal", "startup: load",
-                                              "startup: wait until ready", "startup: collect garbage"]
+                                              "startup: collect garbage", "startup: wait until ready"]
     assert all(seconds >= 0 for _, seconds in phases())
     assert buildops.join(timeout=WAIT)
 
