@@ -127,7 +127,7 @@ def test_the_family_takes_any_sequence_of_layouts_and_integer_token_counts():
 
 
 def test_deep_gemms_cache_is_found_where_its_compiler_puts_it(monkeypatch, tmp_path):
-    from buildops.backends.deep_gemm.entries import cache_root
+    from buildops.backends.deep_gemm.versions import cache_root
 
     monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "dg"))
     assert cache_root() == tmp_path / "dg"
@@ -551,9 +551,9 @@ def test_only_settings_changed_from_deep_gemms_defaults_are_taken(fake, monkeypa
 def test_the_identity_covers_deep_gemms_include_dir(fake, monkeypatch, tmp_path):
     from pathlib import Path
 
-    from buildops.backends.deep_gemm import entries as deep_gemm_entries
+    from buildops.backends.deep_gemm import versions as deep_gemm_versions
 
-    assert deep_gemm_entries._include_dir("fake_deep_gemm") == str(Path(fake.__file__).parent / "include")
+    assert deep_gemm_versions.include_dir("fake_deep_gemm") == str(Path(fake.__file__).parent / "include")
 
     def identity():
         [build] = deep_gemm_builds([GemmShape("dense", 256, 128)], 8, module="fake_deep_gemm", device="cpu")
@@ -566,6 +566,7 @@ def test_the_identity_covers_deep_gemms_include_dir(fake, monkeypatch, tmp_path)
 
 def test_nvcc_is_found_as_deep_gemm_finds_it(monkeypatch, tmp_path):
     from buildops.backends.deep_gemm import entries as deep_gemm_entries
+    from buildops.backends.deep_gemm import versions as deep_gemm_versions
 
     nvcc = tmp_path / "cuda" / "bin" / "nvcc"
     nvcc.parent.mkdir(parents=True)
@@ -574,10 +575,10 @@ def test_nvcc_is_found_as_deep_gemm_finds_it(monkeypatch, tmp_path):
     for name in ("CUDA_HOME", "CUDA_PATH", "DG_JIT_NVCC_COMPILER"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PATH", f"{nvcc.parent}:{os.environ['PATH']}")
-    assert deep_gemm_entries._cuda_home() == str(tmp_path / "cuda")
+    assert deep_gemm_versions.cuda_home() == str(tmp_path / "cuda")
     assert deep_gemm_entries._nvcc_version() == "Cuda compilation tools, release 12.9"
     monkeypatch.setenv("CUDA_PATH", "/opt/cuda-from-path-variable")
-    assert deep_gemm_entries._cuda_home() == "/opt/cuda-from-path-variable"
+    assert deep_gemm_versions.cuda_home() == "/opt/cuda-from-path-variable"
 
 
 # -- late compiles -------------------------------------------------------------------------------------------------

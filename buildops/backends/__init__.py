@@ -34,5 +34,5 @@ register(Backend(
 register(Backend(
     "deep_gemm", "deep_gemm",
     late_watchers=("buildops.backends.deep_gemm.late:watch_late_compiles",),
-    cache="buildops.backends.deep_gemm.entries:cache_root",
+    cache="buildops.backends.deep_gemm.versions:cache_root",
 ))

@@ -19,7 +19,8 @@ from .knobs import (
 )
 from .late import note_module
 from .runs import GemmRun
-from .shapes import ALIGN_M, KINDS, GemmShape, checked_grouped, find_gemm_shapes, shape_ms
+from .shapes import ALIGN_M, GemmShape, checked_grouped, find_gemm_shapes, shape_ms
+from .versions import KINDS
 
 __all__ = ["DeepGemmFamily", "deep_gemm_builds"]
 

@@ -6,20 +6,19 @@ the kernel's code, nvcc's version and the compile flags (the absolute path of De
 them, so entries made under one install path never hit under another). A build's artifact is
 the entries that appeared in that directory while it ran (builds that overlap may each take the others' entries
 too: entries are named by their contents, so an extra one is only never looked up). An install renames each whole
-entry into place as DeepGEMM does, so DeepGEMM never sees half an entry.
+entry into place as DeepGEMM does, so DeepGEMM never sees half an entry. The layout and what the hash covers are
+named in :mod:`.versions`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import os
 import platform
 import shlex
 import shutil
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Hashable, Iterator, Mapping
@@ -29,23 +28,16 @@ from typing import Any
 from ..._runtime.forking import forget_in_child
 from ..._runtime.toolchain import tool_version
 from ..cache_entries import CacheEntries
+from . import versions
 from .knobs import device_arch
 
-__all__ = ["DeepGemmEntries", "cache_root", "entries_being_made", "entry_names", "making_entries"]
-
-# What an entry must hold: DeepGEMM aborts the process on an entry directory that lacks either.
-_REQUIRED = ("kernel.cu", "kernel.cubin")
-
-def cache_root() -> Path:
-    """DeepGEMM's cache directory, as its compiler picks it: ``DG_JIT_CACHE_DIR``, else ``$HOME/.deep_gemm`` (with
-    ``HOME`` unset, ``.deep_gemm`` in the working directory)."""
-    return Path(os.environ.get("DG_JIT_CACHE_DIR") or Path(os.environ.get("HOME", "")) / ".deep_gemm")
+__all__ = ["DeepGemmEntries", "entries_being_made", "entry_names", "making_entries"]
 
 
 def entry_names() -> set[str]:
     """The kernel entries in DeepGEMM's cache now."""
     try:
-        return {p.name for p in (cache_root() / "cache").iterdir() if p.name.startswith("kernel.")}
+        return {p.name for p in versions.entries_dir().iterdir() if versions.is_entry(p.name)}
     except OSError:
         return set()
 
@@ -80,45 +72,11 @@ def entries_being_made() -> tuple[int, int]:
         return _making[0], _making[1]
 
 
-def _cuda_home() -> str:
-    # As DeepGEMM's _find_cuda_home: the environment, then the nvcc on PATH, then the usual place.
-    found = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if found:
-        return found
-    nvcc = shutil.which("nvcc")
-    return os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
-
-
 def _nvcc_version() -> str:
-    nvcc = os.environ.get("DG_JIT_NVCC_COMPILER") or str(Path(_cuda_home()) / "bin" / "nvcc")
     try:
-        return tool_version(shlex.quote(nvcc))
+        return tool_version(shlex.quote(versions.nvcc()))
     except (OSError, subprocess.SubprocessError):
         return "no nvcc"  # DeepGEMM may compile with NVRTC instead
-
-
-def _library_version(module: str) -> str:
-    from importlib import metadata
-
-    for name in (module, module.replace("_", "-")):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return str(getattr(sys.modules.get(module), "__version__", "unknown"))
-
-
-def _include_dir(module: str) -> str:
-    """DeepGEMM's ``-I`` path, as its hash sees it (``<package>/include``), found without importing it."""
-    loaded = sys.modules.get(module)
-    path = getattr(loaded, "__file__", None) if loaded is not None else None
-    if path is None:
-        try:
-            spec = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            spec = None
-        path = spec.origin if spec is not None and spec.has_location else None
-    return str(Path(os.path.abspath(path)).parent / "include") if path else "no include dir"
 
 
 class DeepGemmEntries(CacheEntries):
@@ -132,25 +90,24 @@ class DeepGemmEntries(CacheEntries):
 
     def identity(self) -> str:
         if self._identity is None:
-            environment = sorted((k, v) for k, v in os.environ.items()
-                                 if k.startswith("DG_") and k != "DG_JIT_CACHE_DIR")
-            described = (f"deep_gemm|{self.key!r}|{_library_version(self.module)}|{_include_dir(self.module)}|"
-                         f"{device_arch(self.device)}|{_nvcc_version()}|{environment!r}|{platform.machine()}")
+            described = (f"deep_gemm|{self.key!r}|{versions.library_version(self.module)}|"
+                         f"{versions.include_dir(self.module)}|{device_arch(self.device)}|{_nvcc_version()}|"
+                         f"{versions.compile_settings()!r}|{platform.machine()}")
             self._identity = hashlib.sha256(described.encode()).hexdigest()
         return self._identity
 
     def entries_dir(self) -> Path:
-        return cache_root() / "cache"
+        return versions.entries_dir()
 
     def marker_root(self) -> Path:
-        return cache_root()
+        return versions.cache_root()
 
     def install(self, files: Mapping[str, bytes]) -> None:
         with making_entries():  # a watched call meanwhile must not take these entries for its own compiles
             super().install(files)
 
     def complete(self, entry: Path) -> bool:
-        return all((entry / name).is_file() for name in _REQUIRED)
+        return all((entry / name).is_file() for name in versions.ENTRY_FILES)
 
     def collect_grown(self) -> dict[str, bytes] | None:
         # A build's artifact is what appeared in the cache while it ran, so it lacks an entry its node had already
@@ -159,16 +116,16 @@ class DeepGemmEntries(CacheEntries):
         return self.grown_since_install() if self.run.alone.is_set() else None
 
     def place_entry(self, name: str, contents: dict[str, bytes]) -> None:
-        if name.startswith("kernel.") and all(required in contents for required in _REQUIRED):
-            _install_entry(cache_root(), name, contents)
+        if versions.is_entry(name) and all(required in contents for required in versions.ENTRY_FILES):
+            _install_entry(versions.cache_root(), name, contents)
 
 
 def _install_entry(root: Path, entry: str, contents: dict[str, bytes]) -> None:
     """Rename one whole entry into ``root/cache``, as DeepGEMM's compiler does; one already there is kept."""
-    final = root / "cache" / entry
+    final = versions.entries_dir(root) / entry
     if final.exists():
         return
-    staging = root / "tmp" / f"buildops-{uuid.uuid4().hex}"
+    staging = versions.staging_dir(root) / f"buildops-{uuid.uuid4().hex}"
     staging.mkdir(parents=True)
     try:
         for name, data in contents.items():

@@ -5,7 +5,8 @@
 a build worker starts with DeepGEMM's defaults. An engine that changed one would find kernels missing at its first
 calls, so the values of the process that makes the builds go with them, into their key and into the worker. Only
 values other than the defaults are taken: a process that has not imported DeepGEMM has the defaults, and its
-builds have the same key as those of one that imported it and changed nothing.
+builds have the same key as those of one that imported it and changed nothing. Their names and defaults are in
+:mod:`.versions`.
 """
 
 from __future__ import annotations
@@ -17,25 +18,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_ALIGNMENT", "DEFAULT_SMS", "Knobs", "contiguous_alignment", "device_arch", "device_sms",
-           "engine_knobs", "on_device", "set_in_worker"]
+from . import versions
+
+__all__ = ["DEFAULT_SMS", "Knobs", "device_arch", "device_sms", "engine_knobs", "on_device", "set_in_worker"]
 
 Knobs = tuple[tuple[str, Any], ...]
 
 DEFAULT_SMS = 132  # the multiprocessors of an H100 or H200, where no GPU says
-
-# (getter, setter) by name; only those whose getter and setter the module has are read and set.
-_KNOBS = {
-    "num_sms": ("get_num_sms", "set_num_sms"),
-    "tc_util": ("get_tc_util", "set_tc_util"),
-    "mk_alignment_for_contiguous_layout": ("get_mk_alignment_for_contiguous_layout",
-                                           "set_mk_alignment_for_contiguous_layout"),
-    "ignore_compile_dims": ("get_ignore_compile_dims", "set_ignore_compile_dims"),
-    "block_size_multiple_of": ("get_block_size_multiple_of", "set_block_size_multiple_of"),
-}
-DEFAULT_ALIGNMENT = 128  # DeepGEMM's alignment of each expert's rows in the contiguous layout, by default
-# DeepGEMM's defaults (num_sms: all of the GPU's); a setting with no known default is always taken.
-_DEFAULTS: dict[str, Any] = {"tc_util": 100, "mk_alignment_for_contiguous_layout": DEFAULT_ALIGNMENT}
 
 _worker_defaults: dict[str, dict[str, Any]] = {}  # module -> its settings as this process first found them
 
@@ -63,7 +52,8 @@ def device_arch(device: torch.device | str) -> str:
 def engine_knobs(module: str, device: torch.device | str = "cpu") -> Knobs:
     """The settings in force in this process that differ from DeepGEMM's defaults, as ``(name, value)`` pairs
     (none if this process has not imported ``module``)."""
-    return _read(module, device, defaults={**_DEFAULTS, "num_sms": device_sms(device)})
+    # A setting with no known default is always taken.
+    return _read(module, device, defaults={**versions.KNOB_DEFAULTS, "num_sms": device_sms(device)})
 
 
 def _read(module: str, device: torch.device | str, defaults: dict[str, Any]) -> Knobs:
@@ -72,11 +62,10 @@ def _read(module: str, device: torch.device | str, defaults: dict[str, Any]) -> 
         return ()
     knobs = []
     with on_device(torch.device(device)):
-        for name, (getter, setter) in _KNOBS.items():
-            if callable(getattr(loaded, getter, None)) and callable(getattr(loaded, setter, None)):
-                value = getattr(loaded, getter)()
-                if name not in defaults or value != defaults[name]:
-                    knobs.append((name, value))
+        for name, getter in versions.knob_getters(loaded).items():
+            value = getter()
+            if name not in defaults or value != defaults[name]:
+                knobs.append((name, value))
     return tuple(knobs)
 
 
@@ -88,10 +77,4 @@ def set_in_worker(deep_gemm: Any, module: str, knobs: Sequence[tuple[str, Any]])
     if defaults is None:
         defaults = _worker_defaults[module] = dict(_read(module, "cpu", defaults={}))
     for name, value in {**defaults, **dict(knobs)}.items():
-        getattr(deep_gemm, _KNOBS[name][1])(value)
-
-
-def contiguous_alignment(deep_gemm: Any) -> int:
-    """The alignment of each expert's rows in the contiguous layout now in force."""
-    getter: Any = getattr(deep_gemm, _KNOBS["mk_alignment_for_contiguous_layout"][0], None)
-    return int(getter()) if getter is not None else DEFAULT_ALIGNMENT
+        versions.set_knob(deep_gemm, name, value)

@@ -26,28 +26,10 @@ from ..._core.late import LateCompile, LateCompileError, caller, record
 from ..._runtime.forking import free_in_child
 from ..._runtime.hooks import on_reset
 from ..._runtime.patching import Patch
-from .entries import cache_root, entries_being_made
+from . import versions
+from .entries import entries_being_made
 
-__all__ = ["ENTRY_POINTS", "note_built", "note_module", "watch_late_compiles"]
-
-ENTRY_POINTS = (
-    "fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
-    "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
-    "m_grouped_fp8_fp4_gemm_nt_masked",
-    "fp8_gemm_nt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt", "fp8_gemm_nt_skip_head_mid",
-    "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_masked",
-    "fp8_m_grouped_gemm_nt_masked", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
-    "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
-    "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_masked",
-    "bf16_m_grouped_gemm_nt_masked", "k_grouped_bf16_gemm_tn_contiguous",
-    "einsum", "fp8_einsum", "fp8_fp4_mqa_logits", "get_paged_mqa_logits_metadata", "fp8_fp4_paged_mqa_logits",
-    "fp8_mqa_logits", "fp8_paged_mqa_logits", "tf32_hc_prenorm_gemm", "fp8_fp4_mega_moe", "bf16_mega_moe",
-    "transform_sf_into_required_layout", "get_mn_major_tma_aligned_tensor",
-    "get_mn_major_tma_aligned_packed_ue8m0_tensor", "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
-)
-"""DeepGEMM's public functions that may compile a kernel (those a module has are watched)."""
-
-_ENTRY = "kernel."
+__all__ = ["note_built", "note_module", "watch_late_compiles"]
 
 
 class _Watch:
@@ -75,11 +57,7 @@ def note_built(op: str, entries: Iterable[str]) -> None:
     """Note that a build of ``op`` made ``entries``, so that a late compile of their kernels names the op."""
     with _watch.lock:
         for entry in entries:
-            _watch.ops.setdefault(_kernel(entry), set()).add(op)
-
-
-def _kernel(entry: str) -> str:
-    return entry[len(_ENTRY):].rpartition(".")[0]
+            _watch.ops.setdefault(versions.kernel_name(entry), set()).add(op)
 
 
 def _signature(directory: Path) -> tuple[int, int, int] | None:
@@ -94,7 +72,7 @@ def _signature(directory: Path) -> tuple[int, int, int] | None:
 
 def _entries(directory: Path) -> frozenset[str]:
     try:
-        return frozenset(name for name in os.listdir(directory) if name.startswith(_ENTRY))
+        return frozenset(name for name in os.listdir(directory) if versions.is_entry(name))
     except OSError:
         return frozenset()
 
@@ -124,7 +102,7 @@ def _report(new: list[str]) -> None:
     where = caller()
     first: LateCompileError | None = None
     for entry in new:
-        kernel = _kernel(entry)
+        kernel = versions.kernel_name(entry)
         with _watch.lock:
             ops = tuple(sorted(_watch.ops.get(kernel, ())))
         try:
@@ -140,7 +118,7 @@ def _watched(original: Any) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         if on_builder_thread():  # a build of the threads executor, not a late compile
             return original(*args, **kwargs)
-        directory = cache_root() / "cache"
+        directory = versions.entries_dir()
         before, making = _signature(directory), entries_being_made()
         _baseline(directory, before)
         result = original(*args, **kwargs)
@@ -155,13 +133,13 @@ def _watched(original: Any) -> Any:
 
 
 def watch_late_compiles() -> None:
-    """Wrap the :data:`ENTRY_POINTS` of each DeepGEMM module imported now (``deep_gemm`` and any a build ran), so
-    that a kernel they compile outside buildops' builds after a pass is recorded as a late compile, until
+    """Wrap the :data:`.versions.ENTRY_POINTS` of each DeepGEMM module imported now (``deep_gemm`` and any a build
+    ran), so that a kernel they compile outside buildops' builds after a pass is recorded as a late compile, until
     ``buildops.testing.reset()``."""
     with _watch.lock:
         modules = [sys.modules[name] for name in sorted(_watch.modules) if name in sys.modules]
         for module in modules:
-            for name in ENTRY_POINTS:
+            for name in versions.ENTRY_POINTS:
                 key = (module.__name__, name)
                 if key in _watch.patches or not callable(getattr(module, name, None)):
                     continue

@@ -16,14 +16,10 @@ from ..._config import settings
 from ..._runtime.gpu import run_admitted
 from ..._runtime.pools import WorkerPool
 from .entries import entries_being_made, entry_names, making_entries
-from .knobs import (
-    Knobs,
-    contiguous_alignment,
-    on_device,
-    set_in_worker,
-)
+from .knobs import Knobs, on_device, set_in_worker
 from .late import note_built
-from .shapes import BLOCK, KINDS, MASKED_ROWS, GemmShape, align, rows_for
+from .shapes import GemmShape, align, rows_for
+from .versions import BLOCK, KINDS, MASKED_ROWS, contiguous_alignment
 
 __all__ = ["GemmRun", "pool", "run_shape", "run_shape_in_worker"]
 

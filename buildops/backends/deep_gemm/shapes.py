@@ -10,25 +10,16 @@ import torch
 from torch import nn
 
 from ..._config import settings
-from .knobs import DEFAULT_ALIGNMENT as ALIGN_M
 from .knobs import DEFAULT_SMS
+from .versions import BLOCK, BLOCK_MS, BLOCK_N_MAX, BLOCK_N_STEP, KINDS, MASKED_ROWS, SCALE_ROWS_ALIGNMENT
+from .versions import DEFAULT_ALIGNMENT as ALIGN_M
 
 __all__ = ["GemmShape", "contiguous_rows", "find_gemm_shapes", "m_values", "shape_ms"]
 
-KINDS = {
-    "dense": "fp8_gemm_nt",
-    "contiguous": "m_grouped_fp8_gemm_nt_contiguous",
-    "masked": "m_grouped_fp8_gemm_nt_masked",
-}
-BLOCK = 128        # DeepGEMM's scaling block along N and K
-MASKED_ROWS = 64   # what each expert's rows in the masked layout must be a multiple of
-
-# What the relaxed M sweep (m_values) knows of DeepGEMM's heuristics:
 _MODES = ("relaxed", "full", "off")
 _GROUPED = ("contiguous", "masked")
+# The relaxed M sweep (m_values), besides DeepGEMM's block shapes (.versions):
 _SMALL_MS = (1, 2, 4, *range(8, 65, 8))   # small Ms, each of which may pick its own kernel
-_BLOCK_MS = (64, 128, 256)                # its block heights
-_BLOCK_N_STEP, _BLOCK_N_MAX = 16, 256     # its block widths: multiples of 16 up to 256
 _MAX_WAVES = 10                           # the whole waves of the GPU's multiprocessors the sweep covers
 
 @dataclass(frozen=True)
@@ -63,7 +54,7 @@ class GemmShape:
         kb, nb = math.ceil(self.k / BLOCK), math.ceil(self.n / BLOCK)
         rows = rows_for(self, m, align_m)
         # DeepGEMM's MN-major copy of the scales: each group's rows padded to a multiple of 4 (16 bytes)
-        scale_rows = align(rows, 4)
+        scale_rows = align(rows, SCALE_ROWS_ALIGNMENT)
         a = rows * self.k + (rows + scale_rows) * kb * 4       # fp8 activations, their fp32 scales and the copy
         b = self.experts * (self.n * self.k + nb * kb * 4)     # fp8 weights and their fp32 scales
         d = rows * self.n * 2                                  # bf16 output
@@ -106,9 +97,9 @@ def m_values(max_tokens: int, n: int, mode: str | None = None, sms: int = DEFAUL
     if mode == "full":
         return tuple(range(1, max_tokens + 1))
     values = {*_SMALL_MS, max_tokens}
-    for block_m in _BLOCK_MS:
+    for block_m in BLOCK_MS:
         values.update(range(block_m, max_tokens + 1, block_m))
-        for block_n in range(_BLOCK_N_STEP, min(_BLOCK_N_MAX, n) + 1, _BLOCK_N_STEP):
+        for block_n in range(BLOCK_N_STEP, min(BLOCK_N_MAX, n) + 1, BLOCK_N_STEP):
             for waves in range(1, _MAX_WAVES + 1):
                 values.add(waves * sms * block_m // math.ceil(n / block_n))
     return tuple(sorted(v for v in values if 1 <= v <= max_tokens))

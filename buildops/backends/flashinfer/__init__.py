@@ -16,6 +16,10 @@ one nvcc of an attention module can take several GiB.
 :data:`PLAN_LOOKUPS` are the module getters a FlashInfer attention wrapper's ``plan()`` calls; with
 :func:`buildops.backends.variants.variants` they turn a plan into the builds of the modules it would need.
 
+Its modules: ``builds`` (module builds, their runs and the late-compile watch), ``store`` (a module's library
+shared through the build store), ``build_patch`` (the patches of ``JitSpec.build``, released in order) and
+``versions`` (every reading of FlashInfer's internals, by version).
+
 Imported on demand; FlashInfer reads its build settings when it is imported.
 """
 

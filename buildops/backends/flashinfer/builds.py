@@ -15,18 +15,11 @@ from ..._core.build import Build, Outcome
 from ..._core.builder_threads import on_builder_thread
 from ..._core.late import LateCompile, caller, record
 from ..._runtime.forking import free_in_child
-from . import build_patch
-from .store import FlashInferModule, shareable
+from . import build_patch, versions
+from .store import FlashInferModule
+from .versions import PLAN_LOOKUPS
 
 __all__ = ["PLAN_LOOKUPS", "jit_directory", "module_builds", "watch_late_compiles"]
-
-PLAN_LOOKUPS = (
-    "flashinfer.decode.get_batch_decode_module",
-    "flashinfer.decode.get_batch_prefill_module",
-    "flashinfer.prefill.get_batch_prefill_module",
-)
-"""The module getters a FlashInfer attention wrapper's ``plan()`` calls: pass them to
-:func:`buildops.backends.variants.variants` to turn a plan into the builds of the modules it needs."""
 
 _GIB = 1 << 30
 # Memory to leave each build running at once: one nvcc of an attention module can take several GiB.
@@ -63,10 +56,10 @@ class _ModuleBuild:
         self.spec = spec
 
     def __call__(self) -> Outcome:
-        library = Path(self.spec.jit_library_path)
-        with _build_slots(), FileLock(self.spec.lock_path, thread_local=False):
+        library = versions.library_path(self.spec)
+        with _build_slots(), FileLock(versions.lock_path(self.spec), thread_local=False):
             before = _mtime(library)
-            self.spec.build(verbose=False)
+            versions.build(self.spec)
             return Outcome(library, cached=before is not None and _mtime(library) == before)
 
 
@@ -78,9 +71,9 @@ def module_builds(op: str, specs: Iterable) -> list[Build]:
         op: the op the builds are reported under.
         specs: FlashInfer ``JitSpec`` objects, e.g. ``flashinfer.jit.activation.gen_act_and_mul_module("silu")``.
     """
-    return [Build(op, ("flashinfer", spec.name, str(spec.jit_library_path)), _ModuleBuild(spec),
+    return [Build(op, ("flashinfer", spec.name, str(versions.library_path(spec))), _ModuleBuild(spec),
                   label=f"flashinfer module {spec.name}", library="flashinfer",
-                  artifact=FlashInferModule(spec) if shareable(spec) else None) for spec in specs]
+                  artifact=FlashInferModule(spec) if versions.shareable(spec) else None) for spec in specs]
 
 
 # -- late compiles --------------------------------------------------------------------------------------------
@@ -94,9 +87,9 @@ def _mtime(path: Path) -> int | None:
 
 def _reporting_build(original: Any) -> Any:
     def build(self: Any, *args: Any, **kwargs: Any) -> Any:
-        before = _mtime(Path(self.jit_library_path))
+        before = _mtime(versions.library_path(self))
         result = original(self, *args, **kwargs)
-        if not on_builder_thread() and _mtime(Path(self.jit_library_path)) != before:
+        if not on_builder_thread() and _mtime(versions.library_path(self)) != before:
             record(LateCompile("flashinfer", self.name, "JIT module", (), caller()), ("flashinfer", self.name))
         return result
     return build
@@ -104,18 +97,13 @@ def _reporting_build(original: Any) -> Any:
 
 def jit_directory() -> Path:
     """Where FlashInfer compiles its JIT modules (``FLASHINFER_WORKSPACE_BASE`` decides): ``buildops doctor``."""
-    from flashinfer.jit import env
-
-    return Path(env.FLASHINFER_JIT_DIR)
+    return versions.jit_dir()
 
 
 def watch_late_compiles() -> None:
     """Wrap FlashInfer's ``JitSpec.build`` (which its ``build_and_load`` calls) so that a module compiled outside
     the builder's threads after a pass is recorded as a late compile, until ``buildops.testing.reset()``. A build
     that finds the module up to date leaves the library's file untouched and is not late."""
-    from flashinfer.jit import core
-
-    classes = [c for c in vars(core).values() if isinstance(c, type) and issubclass(c, core.JitSpec)]
-    build_patch.hold("late compiles", classes, _reporting_build,
-                           "FlashInfer 0.7 has no hook after a JIT module compiles")
+    build_patch.hold("late compiles", versions.spec_classes(), _reporting_build,
+                     "FlashInfer 0.7 has no hook after a JIT module compiles")
 

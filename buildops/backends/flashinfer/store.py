@@ -26,7 +26,6 @@ process built is never replaced. Markers are written the same way.
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
 import sys
 import sysconfig
@@ -38,75 +37,41 @@ from filelock import FileLock
 
 from ..._runtime.files import write_atomically
 from ..._runtime.toolchain import tool_version
-from . import build_patch
+from . import build_patch, versions
 
-__all__ = ["FlashInferModule", "shareable"]
+__all__ = ["FlashInferModule"]
 
 MARKERS = "buildops-shared"  # a directory of FlashInfer's JIT dir: the libraries placed or built, by identity
-_LAUNCHERS = ("cxx_launcher =", "nvcc_launcher =")  # ccache and the like: they do not change what compiles
-
-
-def shareable(spec: Any) -> bool:
-    """Whether ``spec``'s module can be shared: an nvcc module whose library is all it needs (one that embeds
-    cubins found elsewhere is not)."""
-    from flashinfer.jit.core import JitSpecNvcc
-
-    return isinstance(spec, JitSpecNvcc) and spec.embedded_cubin_factory is None
 
 
 # -- identity ----------------------------------------------------------------------------------------------------
 
 def _compilers() -> str:
     """The versions of the compilers FlashInfer's build runs: nvcc and the host's (``CXX``, ``CC``)."""
-    from flashinfer.jit.cpp_ext import get_cuda_path
-
-    cuda_home = get_cuda_path()
-    nvcc = os.environ.get("FLASHINFER_NVCC", "$cuda_home/bin/nvcc").replace("$cuda_home", cuda_home)
-    hosts = [os.environ.get("CXX", "c++"), *([os.environ["CC"]] if os.environ.get("CC") else [])]
-    return "\n".join(tool_version(command) for command in [nvcc, *hosts])
+    return "\n".join(tool_version(command)
+                     for command in [versions.nvcc(versions.cuda_home()), *versions.host_compilers()])
 
 
 def _install_paths() -> list[tuple[str, str]]:
     """This node's install paths as they appear in a build description, with the names that replace them, longest
     first (a path inside another is replaced before it)."""
-    import flashinfer
-    import tvm_ffi
-    from flashinfer.jit import env
-
-    roots = {
-        "<flashinfer-jit>": env.FLASHINFER_JIT_DIR,
-        "<flashinfer-generated>": env.FLASHINFER_GEN_SRC_DIR,
-        "<flashinfer-workspace>": env.FLASHINFER_WORKSPACE_DIR,
-        "<flashinfer>": Path(flashinfer.__file__).parent,
-        "<tvm_ffi>": Path(tvm_ffi.__file__).parent,
-        "<python-include>": Path(sysconfig.get_path("include")),
-    }
+    roots = {**versions.install_roots(), "<python-include>": Path(sysconfig.get_path("include"))}
     pairs = {(str(path), name) for name, root in roots.items() for path in (root, root.resolve())}
     return sorted(pairs, key=lambda pair: -len(pair[0]))
 
 
 def _build_description(spec: Any) -> str:
     """The ninja file FlashInfer would write for ``spec`` now, free of install paths and compiler launchers."""
-    from flashinfer.jit.cpp_ext import generate_ninja_build_for_op, get_cuda_path
-
-    text = generate_ninja_build_for_op(
-        name=spec.name, sources=spec.sources, extra_cflags=spec.extra_cflags,
-        extra_cuda_cflags=spec.extra_cuda_cflags, extra_ldflags=spec.extra_ldflags,
-        extra_include_dirs=spec.extra_include_dirs, needs_device_linking=spec.needs_device_linking,
-        extra_cuda_cflags_by_source=spec.extra_cuda_cflags_by_source)
-    lines = [line for line in text.splitlines() if not line.startswith(_LAUNCHERS)]
-    text = "\n".join(lines).replace(f"cuda_home = {get_cuda_path()}\n", "cuda_home = <cuda>\n")
+    text = versions.build_description(spec)
+    lines = [line for line in text.splitlines() if not line.startswith(versions.NINJA_LAUNCHER_LINES)]
+    text = "\n".join(lines).replace(versions.cuda_home_line(versions.cuda_home()), versions.cuda_home_line("<cuda>"))
     for path, name in _install_paths():
         text = text.replace(path, name)
     return text
 
 
 def _versions() -> str:
-    from flashinfer import version as flashinfer_version
-    from tvm_ffi import __version__ as tvm_ffi_version
-
-    return (f"flashinfer {flashinfer_version.__version__} {flashinfer_version.__git_commit__}|tvm_ffi "
-            f"{tvm_ffi_version}|{sys.implementation.cache_tag}|{sysconfig.get_config_var('SOABI')}|"
+    return (f"{versions.versions()}|{sys.implementation.cache_tag}|{sysconfig.get_config_var('SOABI')}|"
             f"{platform.machine()}")
 
 
@@ -131,9 +96,7 @@ def _sha256(path: Path) -> str | None:
 
 
 def _marker(identity: str) -> Path:
-    from flashinfer.jit import env
-
-    return Path(env.FLASHINFER_JIT_DIR) / MARKERS / identity
+    return versions.jit_dir() / MARKERS / identity
 
 
 def _placed(spec: Any, identity: str) -> bool:
@@ -142,7 +105,7 @@ def _placed(spec: Any, identity: str) -> bool:
         recorded = _marker(identity).read_text().strip()
     except OSError:
         return False
-    return recorded == _sha256(Path(spec.jit_library_path))
+    return recorded == _sha256(versions.library_path(spec))
 
 
 # -- FlashInfer's build, skipped for modules placed here ---------------------------------------------------------
@@ -150,7 +113,7 @@ def _placed(spec: Any, identity: str) -> bool:
 def _skipping_build(original: Any) -> Any:
     def build(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            placed = shareable(self) and _placed(self, module_identity(self))
+            placed = versions.shareable(self) and _placed(self, module_identity(self))
         except Exception:  # noqa: BLE001 - whatever stops the check leaves the build to FlashInfer
             placed = False
         if placed:
@@ -161,16 +124,14 @@ def _skipping_build(original: Any) -> Any:
 
 def _skip_placed_modules() -> None:
     """From now until ``buildops.testing.reset()``, FlashInfer runs no ninja for a module placed here."""
-    from flashinfer.jit.core import JitSpecNvcc
-
-    build_patch.hold("skip placed modules", [JitSpecNvcc], _skipping_build,
-                           "FlashInfer 0.7 leaves a JIT module's freshness to ninja, whose state names this node's "
-                           "paths: a library installed from the build store would be compiled again")
+    build_patch.hold("skip placed modules", [versions.nvcc_spec_class()], _skipping_build,
+                     "FlashInfer 0.7 leaves a JIT module's freshness to ninja, whose state names this node's "
+                     "paths: a library installed from the build store would be compiled again")
 
 
 class FlashInferModule:
     """The artifact of one FlashInfer JIT module's build (the ``Artifact`` contract): its library, one file named
-    ``<name>.so``. ``spec`` is the module's ``JitSpecNvcc`` (:func:`shareable`)."""
+    ``<name>.so``. ``spec`` is the module's ``JitSpecNvcc`` (:func:`.versions.shareable`)."""
 
     def __init__(self, spec: Any) -> None:
         self.spec = spec
@@ -199,8 +160,8 @@ class FlashInferModule:
         data = files.get(self._file)
         if data is None:
             return
-        library = Path(self.spec.jit_library_path)
-        with FileLock(self.spec.lock_path, thread_local=False):  # no ninja of this node writes it meanwhile
+        library = versions.library_path(self.spec)
+        with FileLock(versions.lock_path(self.spec), thread_local=False):  # no ninja of this node writes it meanwhile
             if not library.exists():
                 write_atomically(library, data, mode=0o755)
         digest = hashlib.sha256(data).hexdigest()
@@ -210,7 +171,7 @@ class FlashInferModule:
 
     def collect(self) -> dict[str, bytes] | None:
         try:
-            data = Path(self.spec.jit_library_path).read_bytes()
+            data = versions.library_path(self.spec).read_bytes()
         except OSError:
             return None
         write_atomically(_marker(self.identity()), hashlib.sha256(data).hexdigest().encode())
