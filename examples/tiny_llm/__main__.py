@@ -20,6 +20,7 @@ for ``benchmarks/startup.py``; the checkpoint is made first if it does not exist
 
 from __future__ import annotations
 
+import threading
 import time
 
 LAUNCHED = time.perf_counter()  # before the imports: they are part of a start
@@ -121,17 +122,38 @@ def synchronize(device: torch.device) -> None:
 
 
 def count_compiles() -> list[str]:
-    """From now on, every Triton compile (or disk-cache load) in this process is appended to the list."""
+    """From now on, every Triton compile (or disk-cache load) on this thread, the one that serves, is appended to
+    the list. Builds still running behind serving (the rest of a sweep) compile on buildops' threads: not counted."""
     from triton import knobs
 
+    serving = threading.current_thread()
     seen: list[str] = []
     previous = knobs.runtime.jit_post_compile_hook
 
     def hook(**kwargs):
-        seen.append(kwargs["fn"].name)
+        if threading.current_thread() is serving:
+            seen.append(kwargs["fn"].name)
         return previous(**kwargs) if previous is not None else None
 
     knobs.runtime.jit_post_compile_hook = hook
+    return seen
+
+
+def count_tunings() -> list[str]:
+    """From now on, every autotuning on this thread is appended to the list (by the kernel's name); those that
+    buildops runs behind serving are not."""
+    from triton.runtime.autotuner import Autotuner
+
+    serving = threading.current_thread()
+    seen: list[str] = []
+    prune = Autotuner.prune_configs  # called once per tuning, just before its timings
+
+    def counting(self, *args, **kwargs):
+        if threading.current_thread() is serving:
+            seen.append(getattr(self.fn, "__name__", repr(self.fn)))
+        return prune(self, *args, **kwargs)
+
+    Autotuner.prune_configs = counting
     return seen
 
 
@@ -164,7 +186,7 @@ def main() -> None:
     logger.info("ready to serve after %.2f s (%s start)", ready, args.start)
 
     compiles = count_compiles()
-    tuned_before = set(K._matmul_kernel.cache)
+    tunings = count_tunings()
     requests = prompts(config)
     latencies, tokens = [], []
     for prompt in requests:
@@ -173,7 +195,7 @@ def main() -> None:
         latencies.append(time.perf_counter() - begun)
         logger.info("request of %d tokens: %.1f ms, %s", len(prompt), latencies[-1] * 1e3, tokens[-1])
     serving_compiles = list(compiles)
-    tuned_while_serving = len(set(K._matmul_kernel.cache) - tuned_before)  # autotuning on first use
+    tuned_while_serving = len(tunings)  # autotuning on first use
     steady = []
     for _ in range(5):  # the first request again, with everything compiled and tuned: the steady state
         begun = time.perf_counter()
