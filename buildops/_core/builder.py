@@ -42,7 +42,7 @@ from .._runtime.node import node_claims
 from .._runtime.turns import urgency
 from . import extensions
 from .build import Build, BuildRecord, BuildState, BuildTimeoutError, OpStats, Outcome, Record, outcome_of
-from .builder_threads import BuilderThreads, join
+from .builder_threads import BuilderThreads, join_threads
 from .claims import claim, release
 from .lanes import Lanes, SerialQueue
 from .ledger import Ledger
@@ -435,7 +435,7 @@ class Builder:
             workers.append(serial)
         if wait:
             deadline = None if timeout is None else time.monotonic() + timeout
-            join(workers, deadline)
+            join_threads(workers, deadline)
             if not self._watchdog.running:  # it watches nothing more and is ending: no thread outlives the builder
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 self._watchdog.join(WATCHDOG_END_SECONDS if left is None else min(WATCHDOG_END_SECONDS, left))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from .watchdog import stuck
 
-__all__ = ["BuilderThreads", "on_builder_thread"]
+__all__ = ["BuilderThreads", "join_threads", "on_builder_thread"]
 
 logger = logging.getLogger("buildops")
 
@@ -87,7 +87,7 @@ class BuilderThreads:
         return thread
 
 
-def join(threads: list[threading.Thread], deadline: float | None) -> None:
+def join_threads(threads: list[threading.Thread], deadline: float | None) -> None:
     """Wait for ``threads`` to end, until ``deadline`` (``time.monotonic()``) for all of them, not each; a thread
     stuck in a build given up, or the caller's own, is not waited for."""
     for thread in threads:
