@@ -119,8 +119,8 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
                        overlap: bool = False, freeze_heap: bool = False, ready: str = "called",
                        warm: Callable[[], object] | None = None) -> T:
     """Run the dummy forwards in a :func:`~buildops.rehearsal` (their builds start), load the checkpoint while the
-    builds run, collect the start's garbage, wait until serving can begin, and optionally serve one warm request
-    (then collecting its garbage, rather than before the wait).
+    builds run, wait until serving can begin, optionally serve one warm request, and collect the start's garbage:
+    before the wait, where there is no warm request and no heap to freeze.
 
     Ready (``ready="called"``, the default) waits for the builds of the shapes the rehearsal's calls were made at,
     which the engine will certainly call first (an engine names more by calling them in the rehearsal), and for
@@ -166,7 +166,10 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
     rehearsing = rehearsal(name)
     try:
         loaded = _rehearse_and_load(rehearsing, rehearse, load, name, overlap)
-        if warm is None:  # this thread's last Python work is done: collect beside the builds it will wait for
+        # Beside the builds still running, where nothing will be frozen after: this thread would only wait. A heap
+        # to be frozen is collected last, or garbage made meanwhile would stay frozen; that collection is cheap.
+        collect_early = warm is None and not freeze_heap
+        if collect_early:
             _collect_garbage(name)
         with phase(f"{name}: wait until ready"):
             _wait_for_ready_builds(rehearsing, ready)
@@ -174,6 +177,7 @@ def rehearse_then_load(rehearse: Callable[[], object], load: Callable[[], T], *,
         if warm is not None:
             with phase(f"{name}: warm"):
                 warm()
+        if not collect_early:
             _collect_garbage(name)
     except BaseException as error:
         # The start is off (a Ctrl-C in the load, the wait or the warm request, a load that failed): no one wants

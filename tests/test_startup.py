@@ -260,6 +260,27 @@ def test_rehearse_then_load_can_freeze_the_heap_and_collect_only_what_the_start_
         gc.enable()
 
 
+def test_a_heap_to_freeze_is_collected_after_the_wait_so_no_garbage_made_meanwhile_is_frozen(monkeypatch):
+    import buildops.startup as startup
+
+    collected = []
+    wait = startup._wait_for_ready_builds
+
+    def wait_making_garbage(*args):
+        _Cycle(collected, "garbage made while the start waits")
+        return wait(*args)
+
+    monkeypatch.setattr(startup, "_wait_for_ready_builds", wait_making_garbage)
+    gc.disable()
+    try:
+        rehearse_then_load(lambda: None, lambda: None, freeze_heap=True)
+        assert collected == ["garbage made while the start waits"]  # collected, not frozen
+        assert [name for name, _ in phases()][-2:] == ["startup: wait until ready", "startup: collect garbage"]
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
 def test_a_warm_request_runs_once_ready_outside_the_pass_and_its_garbage_is_collected(runs):
     gate = threading.Event()
     steps, collected = [], []
