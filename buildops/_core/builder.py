@@ -407,11 +407,6 @@ class Builder:
         return pending + [b for b in stuck_gpu_builds() if b not in pending]
 
     @property
-    def threads(self) -> int:
-        """The most worker threads on the normal queue."""
-        return self._threads.limit
-
-    @property
     def workers(self) -> int:
         with self._lock:
             return len(self._threads.normal_locked)

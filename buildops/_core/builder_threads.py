@@ -76,6 +76,7 @@ class BuilderThreads:
 
     @property
     def serial_locked(self) -> threading.Thread | None:
+        """The thread on the serial queue, or None before one is needed."""
         return self._serial
 
     def _start(self, name: str, serial: bool) -> threading.Thread:

@@ -33,7 +33,9 @@ import torch
 
 __all__ = ["ModuleSignature", "Signature", "TensorSignature", "call_signature", "readable"]
 
-_ALIGNMENT = 16  # Triton specializes a pointer argument on whether its data pointer is a multiple of this
+# Triton specializes a pointer argument on whether its data pointer is a multiple of this (its adapter,
+# backends/triton/versions.py, names it too; this layer imports no Triton)
+_ALIGNMENT = 16
 # A "position" of ResolvedConfig.swept(): the argument is named in static= and is left out of the signature.
 STATIC = -2
 

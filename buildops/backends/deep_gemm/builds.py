@@ -19,8 +19,8 @@ from .knobs import (
 )
 from .late import note_module
 from .runs import GemmRun
-from .shapes import ALIGN_M, GemmShape, checked_grouped, find_gemm_shapes, shape_ms
-from .versions import KINDS
+from .shapes import GemmShape, checked_grouped, find_gemm_shapes, shape_ms
+from .versions import DEFAULT_ALIGNMENT, KINDS
 
 __all__ = ["DeepGemmFamily", "deep_gemm_builds"]
 
@@ -59,7 +59,7 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
     knobs = engine_knobs(module, device)
     changed = dict(knobs)
     sms = changed.get("num_sms") or device_sms(device)
-    align_m = changed.get("mk_alignment_for_contiguous_layout") or ALIGN_M
+    align_m = changed.get("mk_alignment_for_contiguous_layout") or DEFAULT_ALIGNMENT
     note_module(module)
     builds: dict[tuple, Build] = {}
     for shape in shapes:

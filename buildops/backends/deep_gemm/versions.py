@@ -24,7 +24,8 @@ mirrors it (``tests/fake_deep_gemm.py``).
   ``_find_cuda_home`` finds it (``CUDA_HOME``, ``CUDA_PATH``, the nvcc on ``PATH``, ``/usr/local/cuda``).
 * Its version: the installed distribution's, else the module's ``__version__`` (2.6.1 sets it in ``__init__``).
 
-Imports neither DeepGEMM nor torch: the modules are named, and read where a caller has imported them.
+This module imports neither DeepGEMM nor torch (its package imports torch): the modules are named, and read where
+a caller has imported them.
 """
 
 from __future__ import annotations

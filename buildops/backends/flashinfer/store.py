@@ -81,7 +81,7 @@ def module_identity(spec: Any) -> str:
     digest = hashlib.sha256(f"flashinfer-module|{spec.name}|{_versions()}\n".encode())
     digest.update(_compilers().encode())
     digest.update(_build_description(spec).encode())
-    for source in spec.sources:
+    for source in versions.sources(spec):
         digest.update(hashlib.sha256(Path(source).read_bytes()).digest())
     return digest.hexdigest()
 
@@ -139,7 +139,7 @@ class FlashInferModule:
 
     @property
     def _file(self) -> str:
-        return f"{self.spec.name}.so"
+        return versions.library_path(self.spec).name
 
     def identity(self) -> str:
         if self._identity is None:

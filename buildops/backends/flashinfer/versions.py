@@ -37,7 +37,7 @@ from typing import Any
 
 __all__ = ["NINJA_LAUNCHER_LINES", "PLAN_LOOKUPS", "build", "build_description", "cuda_home", "cuda_home_line",
            "host_compilers", "install_roots", "jit_dir", "library_path", "lock_path", "nvcc", "nvcc_spec_class",
-           "shareable", "spec_classes", "versions"]
+           "shareable", "sources", "spec_classes", "versions"]
 
 PLAN_LOOKUPS = (
     "flashinfer.decode.get_batch_decode_module",
@@ -54,6 +54,11 @@ NINJA_LAUNCHER_LINES = ("cxx_launcher =", "nvcc_launcher =")
 def library_path(spec: Any) -> Path:
     """Where ``spec``'s build leaves the module's library in the JIT dir (``<name>/<name>.so``)."""
     return Path(spec.jit_library_path)
+
+
+def sources(spec: Any) -> list[Path]:
+    """The source files ``spec``'s module compiles."""
+    return [Path(source) for source in spec.sources]
 
 
 def lock_path(spec: Any) -> Path:

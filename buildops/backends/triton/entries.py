@@ -25,8 +25,7 @@ from typing import Any
 
 from ..._runtime.patching import Patch
 from ..cache_entries import CacheEntries
-from . import versions
-from .versions import GROUP_PREFIX
+from .versions import GROUP_PREFIX, cache_invalidating_env, compiler_hash, triton_key
 
 __all__ = ["TritonEntries", "collecting"]
 
@@ -78,7 +77,7 @@ def _cache_dir() -> Path:
 def _install_identity(backend: str, arch: Any, warp_size: int) -> str:
     """What the compiler brings to a kernel's identity: Triton's own hash of its install (contents, not paths), the
     backend's (ptxas's version and the arch), and the Python and machine a launcher is built for."""
-    return (f"{versions.triton_key()}|{versions.compiler_hash(backend, arch, warp_size)}|{sys.version_info[:2]}|"
+    return (f"{triton_key()}|{compiler_hash(backend, arch, warp_size)}|{sys.version_info[:2]}|"
             f"{platform.machine()}")
 
 
@@ -92,7 +91,7 @@ class TritonEntries(CacheEntries):
 
     def identity(self) -> str:
         if self._identity is None:
-            described = f"triton|{self.key!r}|{_install_identity(*self.target)}|{versions.cache_invalidating_env()}"
+            described = f"triton|{self.key!r}|{_install_identity(*self.target)}|{cache_invalidating_env()}"
             self._identity = hashlib.sha256(described.encode()).hexdigest()
         return self._identity
 
