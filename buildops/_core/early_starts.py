@@ -1,10 +1,11 @@
 """Builds started as soon as a replay records their launch, before the replay's host code ends.
 
-A replay can go on long after its first launch: the first Python meta kernel a process runs imports much of torch
-(its dynamo, symbolic shapes and sympy), seconds on some hosts, which a one-kernel start would otherwise wait for
-before its only build begins. A backend calls :func:`recorded` for each launch it records; within a pass's listing
-that queues the build at once (:meth:`.passes.BuildPass.start_early`), and the listing's own queueing later finds
-it queued. Elsewhere (``op.builds_for``, which hands builds to its caller; a listing recorder) it does nothing.
+A replay can go on long after its first launch: the first Python meta kernels a process runs import sympy, and library
+code after a launch may take long (docs/decisions/0023-a-build-starts-as-its-launch-is-recorded.md), which a one-kernel
+start would otherwise wait for before its only build begins. A backend calls :func:`recorded` for each launch it
+records; within a pass's listing that queues the build at once (:meth:`.passes.BuildPass.start_early`), and the
+listing's own queueing later finds it queued. Elsewhere (``op.builds_for``, which hands builds to its caller; a listing
+recorder) it does nothing.
 """
 
 from __future__ import annotations

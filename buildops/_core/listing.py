@@ -7,7 +7,8 @@ values (``.item()``, data-dependent shapes) cannot be replayed: such an op regis
 
 Two kinds of stand-in tensors, cheapest first (docs/decisions/0005-meta-tensors-before-fake-tensors.md):
   * ``meta`` tensors (every tensor argument, weights included, with its shape, strides, offset and dtype): plain
-    torch, with one shortcut (:class:`_MetaEmptyLike`). Host code that reads a tensor's device (``x.is_cuda``,
+    torch, with two shortcuts (:class:`_MetaEmptyLike`, and torch's Python meta kernels run without importing
+    dynamo: :mod:`.meta_refs`). Host code that reads a tensor's device (``x.is_cuda``,
     ``x.device.index``) or mixes an argument with a tensor it holds elsewhere fails on them, or may take another
     branch and launch nothing.
   * so when the meta run raises or records no launch, the host code runs again on fake tensors
@@ -41,6 +42,7 @@ from .._runtime.forking import free_in_child
 from . import extensions
 from .build import Build
 from .custom_ops import AtenOverrideRouter, CustomOpRouter, aten_overrides
+from .meta_refs import dynamo_unimported
 from .specs import SpecError
 from .tensor_specs import tensor_dims
 
@@ -152,7 +154,7 @@ def _run(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[s
     try:
         call = _stand_in_arguments(bound, shapes, _meta)
         router = _MetaEmptyLike(device_type)
-        with _recording(op, recorders) as builds, router, _aten_router(device_type):
+        with _recording(op, recorders) as builds, router, _aten_router(device_type), dynamo_unimported():
             result = fn(*call.args, **call.kwargs)
         if builds or not fake_if_nothing_recorded:
             return _Run(builds, result, router)

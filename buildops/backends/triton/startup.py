@@ -41,12 +41,11 @@ def start_workers() -> bool:
     processes``, or ``auto`` on 8 CPUs or more), and prepare what builds and replays need; returns at once
     (the ``Backend`` contract's ``start_workers``).
 
-    Workers take seconds to be ready (a forkserver imports torch and Triton, then forks them): started here, its
-    imports run beside the engine's own (docs/decisions/0002-forkserver-preload.md). It also builds Triton's CUDA
-    helper module in a short-lived process; on a background thread, once the engine has imported torch and Triton,
-    it imports torch's dynamo (and its symbolic shapes and sympy), which a replay's first op on meta tensors needs,
-    then hashes Triton's install. Nothing here touches a GPU or imports torch. The helper and the hash run once per
-    process; calling it again starts workers shut down since.
+    Workers take seconds to be ready (a forkserver imports torch and Triton, then forks them): started here, its imports
+    run beside the engine's own (docs/decisions/0002-forkserver-preload.md). It also builds Triton's CUDA helper module
+    in a short-lived process; on a background thread, once the engine has imported torch and Triton, it imports sympy,
+    which a replay's first elementwise op on meta tensors needs, then hashes Triton's install. Nothing here touches a
+    GPU or imports torch. The helper and the hash run once per process; calling it again starts workers shut down since.
     """
     global _prepared
     if triton_executor() != "processes":
@@ -56,7 +55,7 @@ def start_workers() -> bool:
     from .worker import workers
 
     # Filled here, on the engine's thread: Python fills it lazily and not atomically, and the background imports
-    # below (torch's dynamo) read it while the engine's own imports (Triton's) may read it too
+    # below (sympy's) read it while the engine's own imports (Triton's) may read it too
     sysconfig.get_config_vars()
     workers.start()  # nothing if they run: buildops.shutdown() stops them, and then this starts them again
     with _prepare_lock:
@@ -114,14 +113,15 @@ def _wait_for_import(name: str, deadline: float) -> bool:
 
 
 def _import_what_replays_need() -> None:
-    """Import what a replay's first torch op on meta tensors imports: most of torch's meta kernels are Python
-    references, whose first call imports torch's dynamo, and its symbolic shapes and sympy with it. Seconds of
-    Python, paid here beside the engine's own start rather than by the rehearsal's first op."""
+    """Import what a replay's first elementwise op on meta tensors imports: sympy, which torch's type promotion
+    imports at its first use (a tenth of a second or more of Python), paid here beside the engine's own start rather
+    than by the rehearsal's first op. (Torch's dynamo, which those ops would import too, they run without:
+    ``_core/meta_refs.py``.)"""
     try:
         with gil.holding():
-            importlib.import_module("torch._dynamo")
+            importlib.import_module("sympy")
     except Exception:  # the replay imports it itself
-        logger.debug("buildops: importing torch's dynamo in the background failed", exc_info=True)
+        logger.debug("buildops: importing sympy in the background failed", exc_info=True)
 
 
 # The helper's process sees this process's import path (the same Triton, the same buildops), whatever

@@ -1,0 +1,148 @@
+"""Torch's Python meta kernels, run by a replay, without importing torch's dynamo.
+
+Most of torch's meta kernels (``x + y`` on meta tensors is one) are Python references wrapped in
+``torch._disable_dynamo``, whose first call imports torch's dynamo, and sympy with it, to build the wrapper that
+turns dynamo off while the reference runs: about a second of Python on a replay's thread, in a process that may
+never use dynamo (docs/decisions/0024-meta-kernels-without-dynamo.md).
+
+Until dynamo is imported no frame can run under it, so that wrapper would only call the reference. Torch keeps the
+wrapper it builds on the reference (its ``__dynamo_disable`` attribute, read before it imports anything). While a
+replay runs (:func:`dynamo_unimported`), a :class:`_UntilDynamo` stands there: it calls the reference directly
+while dynamo is not imported, and through dynamo's ``disable`` if another thread imports it meanwhile. After the
+replay the references are as torch left them. Where this torch's wrapper is not the one described here, nothing
+stands in and the first such call imports dynamo as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from .._runtime.forking import free_in_child
+
+__all__ = ["dynamo_unimported"]
+
+_CACHE = "__dynamo_disable"  # the attribute torch's wrapper keeps its dynamo-disabled function in
+
+
+class _UntilDynamo:
+    """Stands in for ``fn``'s dynamo-disabled function while dynamo is not imported."""
+
+    def __init__(self, fn: types.FunctionType, recursive: bool) -> None:
+        self.fn, self.recursive = fn, recursive
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if "torch._dynamo" in sys.modules:  # another thread imported it: what torch's wrapper calls, built anew
+            import torch._dynamo
+
+            return torch._dynamo.disable(self.fn, self.recursive)(*args, **kwargs)
+        return self.fn(*args, **kwargs)
+
+
+class _StandIns:
+    """The stand-ins, found once per process, and how many replays run with them in place."""
+
+    def __init__(self) -> None:
+        self.lock = free_in_child(threading.Lock())
+        self.found: list[_UntilDynamo] | None = None
+        self.placed: list[_UntilDynamo] = []
+        self.replays = 0
+
+    def enter(self) -> None:
+        with self.lock:
+            self.replays += 1
+            if self.replays > 1 or "torch._dynamo" in sys.modules:
+                return
+            if self.found is None:
+                self.found = list(_find())
+            for stand_in in self.found:
+                if _CACHE not in stand_in.fn.__dict__:  # torch's own wrapper, once built, stays
+                    stand_in.fn.__dict__[_CACHE] = stand_in
+                    self.placed.append(stand_in)
+
+    def exit(self) -> None:
+        with self.lock:
+            self.replays -= 1
+            if self.replays:
+                return
+            for stand_in in self.placed:
+                if stand_in.fn.__dict__.get(_CACHE) is stand_in:
+                    del stand_in.fn.__dict__[_CACHE]
+            self.placed.clear()
+
+
+_stand_ins = _StandIns()
+
+
+@contextlib.contextmanager
+def dynamo_unimported() -> Iterator[None]:
+    """Within: torch's Python meta kernels run without importing dynamo (see the module's docstring)."""
+    _stand_ins.enter()
+    try:
+        yield
+    finally:
+        _stand_ins.exit()
+
+
+def _find() -> Iterator[_UntilDynamo]:
+    """A stand-in for each reference ``torch._disable_dynamo`` wraps among torch's meta kernels."""
+    import torch._compile
+
+    inner_code = _wrapper_code(torch._compile._disable_dynamo)
+    if inner_code is None:
+        return
+    names = inner_code.co_freevars
+    for inner in _wrappers(_meta_kernels(), inner_code):
+        cells = {name: cell.cell_contents for name, cell in zip(names, inner.__closure__ or ())}
+        if isinstance(cells.get("fn"), types.FunctionType):
+            yield _UntilDynamo(cells["fn"], bool(cells.get("recursive", True)))
+
+
+def _wrapper_code(disable_dynamo: Callable[..., Any]) -> types.CodeType | None:
+    """The code of the wrapper ``torch._disable_dynamo`` returns, if it is the one this module knows: a closure
+    over ``fn`` that reads its ``__dynamo_disable`` first; else None."""
+    try:
+        inner = disable_dynamo(lambda: None)
+    except Exception:  # noqa: BLE001 - a torch whose wrapper this module does not know: nothing stands in
+        return None
+    code = getattr(inner, "__code__", None)
+    if code is None or "fn" not in code.co_freevars or _CACHE not in code.co_consts + code.co_names:
+        return None
+    return code
+
+
+def _meta_kernels() -> Iterator[Any]:
+    """Torch's Python meta kernels and decompositions, and the references they call by name."""
+    import torch._decomp
+    import torch._refs
+
+    for table in torch._decomp.global_decomposition_table.values():
+        yield from table.values()
+    for name, module in list(sys.modules.items()):
+        if name == "torch._refs" or name.startswith("torch._refs."):
+            yield from vars(module).values()
+
+
+def _wrappers(roots: Iterable[Any], inner_code: types.CodeType) -> Iterator[types.FunctionType]:
+    """The functions with code ``inner_code`` reachable from ``roots`` through ``__wrapped__`` and closures."""
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        fn = stack.pop()
+        if not isinstance(fn, types.FunctionType) or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if fn.__code__ is inner_code:
+            yield fn
+        wrapped = fn.__dict__.get("__wrapped__")
+        if wrapped is not None:
+            stack.append(wrapped)
+        for cell in fn.__closure__ or ():
+            try:
+                stack.append(cell.cell_contents)
+            except ValueError:  # a cell not filled yet
+                pass
