@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._config import forget_logged
-from ._core import late
 from ._core.build import Build
 from ._core.default import current_builder, shutdown
 from ._core.passes import BuildPass
@@ -131,9 +130,8 @@ def reset(timeout: float = 10.0) -> None:
     """
     builder = current_builder()
     shutdown(wait=True, timeout=timeout)
-    late.reset()
     forget_logged()  # a bad setting's value read while serving is logged again
-    on_reset.run()  # backends forget what they noted (which ops listed which kernels, late-compile watches)
+    on_reset.run()  # each layer forgets what its passes noted (late compiles, which ops listed which kernels, ...)
     if builder is not None and builder.busy:
         logger.warning("buildops.testing.reset: %d build(s) still running after %.0f s", builder.busy, timeout)
 

@@ -587,9 +587,10 @@ def test_nvcc_is_found_as_deep_gemm_finds_it(monkeypatch, tmp_path):
 def watched_fake(fake, monkeypatch):
     """The fake, watched for late compiles as ``deep_gemm`` is (the watcher is registered for that name)."""
     from buildops._core import extensions
+    from buildops._core.state import core
     from buildops.backends.deep_gemm.late import note_module
 
-    monkeypatch.setattr(extensions, "_backends", dict(extensions._backends))
+    monkeypatch.setattr(core, "backends", dict(core.backends))
     extensions.register(extensions.Backend("fake_deep_gemm", "fake_deep_gemm", late_watchers=(
         "buildops.backends.deep_gemm.late:watch_late_compiles",)))
     note_module("fake_deep_gemm")  # as a build of it does

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from buildops import settings
-from buildops._core import readiness
+from buildops._core.state import core
 from buildops._runtime import gaps
 
 GPU = torch.device("cuda", 0)  # only named: nothing here touches a GPU
@@ -71,8 +71,8 @@ def test_an_autotuning_build_waits_for_a_gap_only_after_ready(monkeypatch):
         return run()
 
     keys = itertools.count(1000)
-    monkeypatch.setattr(readiness, "_ready_at", None)
+    monkeypatch.setattr(core, "ready_at", None)
     assert tune().value == "best" and order == ["tuned"]  # before ready: the start waits for it, no gap sought
     order.clear()
-    monkeypatch.setattr(readiness, "_ready_at", 1.0)
+    monkeypatch.setattr(core, "ready_at", 1.0)
     assert tune().value == "best" and order == [("gap", GPU), "tuned"]  # after ready: a gap first

@@ -9,6 +9,7 @@ import types
 import pytest
 
 from buildops._core import extensions
+from buildops._core.state import core
 from buildops._runtime import forking, patching
 from buildops._runtime.hooks import Hooks
 
@@ -137,7 +138,7 @@ def test_hooks_run_each_callback_once_in_order():
 
 
 def test_backends_are_loaded_only_for_libraries_in_use(monkeypatch):
-    monkeypatch.setattr(extensions, "_backends", {})
+    monkeypatch.setattr(core, "backends", {})
     extensions.register(extensions.Backend("absent", "no_such_library_here", recorder="no_such_module:record",
                                            late_watchers=("no_such_module:watch",)))
     assert extensions.late_watchers() == [] and extensions.launch_recorders() == []  # nothing imported

@@ -13,7 +13,7 @@ import torch
 
 import buildops
 from buildops import BuildConfig, DynamicSpec, build_pass, lists_kernels, report
-from buildops._core import extensions
+from buildops._core.state import core
 from buildops._doctor import diagnose
 from buildops.manifests import load_manifest, prebuild, save_manifest
 from buildops.testing import reset
@@ -25,7 +25,7 @@ KERNELS = ["scale1", "scale2", "scale4"]
 def node(monkeypatch, tmp_path):
     """Registers the backend (undone after the test); ``node(name)`` makes the process a node of its own: its
     own shelljit cache and node locks, a fresh builder."""
-    monkeypatch.setattr(extensions, "_backends", dict(extensions._backends))
+    monkeypatch.setattr(core, "backends", dict(core.backends))
     shelljit_backend.register()
 
     def become(name):

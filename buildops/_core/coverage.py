@@ -4,12 +4,10 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .._runtime.forking import free_in_child
-from .._runtime.hooks import on_reset
+from .state import core
 
 __all__ = ["BeyondMax", "Swept", "beyond_max", "note_beyond_max", "note_sweep", "swept"]
 
@@ -43,46 +41,27 @@ class BeyondMax:
                 f"that shape was built too")
 
 
-class _Coverage:
-    def __init__(self) -> None:
-        self.lock = free_in_child(threading.Lock())
-        self.values: dict[tuple[str, str], set[int]] = {}
-        self.beyond: list[BeyondMax] = []
-
-
-_state = _Coverage()
-
-
 def note_sweep(op: str, combinations: Iterable[Mapping[str, int]]) -> None:
     """A first call of ``op`` in a pass swept these combinations of its dims."""
-    with _state.lock:
+    with core.coverage_lock:
         for dims in combinations:
             for dim, value in dims.items():
-                _state.values.setdefault((op, dim), set()).add(value)
+                core.swept.setdefault((op, dim), set()).add(value)
 
 
 def note_beyond_max(op: str, dims: Mapping[str, int], maxima: Mapping[str, int]) -> None:
-    with _state.lock:
-        _state.beyond.append(BeyondMax(op, dict(dims), dict(maxima)))
+    with core.coverage_lock:
+        core.beyond_max.append(BeyondMax(op, dict(dims), dict(maxima)))
 
 
 def swept() -> tuple[Swept, ...]:
     """Each op's swept dims, by op and dim."""
-    with _state.lock:
+    with core.coverage_lock:
         return tuple(Swept(op, dim, min(values), max(values), len(values))
-                     for (op, dim), values in sorted(_state.values.items()) if values)
+                     for (op, dim), values in sorted(core.swept.items()) if values)
 
 
 def beyond_max() -> tuple[BeyondMax, ...]:
     """The calls passes made beyond a spec's max, in order."""
-    with _state.lock:
-        return tuple(_state.beyond)
-
-
-@on_reset.add
-def _forget() -> None:
-    with _state.lock:
-        _state.values.clear()
-        _state.beyond.clear()
-
-
+    with core.coverage_lock:
+        return tuple(core.beyond_max)

@@ -35,6 +35,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .state import core
+
 __all__ = ["AtenOverrideRouter", "CustomOpRouter", "aten_overrides", "implementation"]
 
 # Torch's own namespaces: their ops have no Python implementation worth routing to (and many calls to check).
@@ -196,14 +198,10 @@ class CustomOpRouter(TorchFunctionMode):
                          for name, why in self.unrouted.items())
 
 
-# "aten/name/Key" -> whether a library (not torch itself) registered that Python kernel; judged once per entry
-_by_a_library: dict[str, bool] = {}
-
-
 def _registered_by_a_library(entry: str) -> bool:
     """Whether the Python kernel of torch's record ``"aten/name/Key"`` was registered by a library rather than by
     torch itself (its meta functions, a few of its own kernels): where the dispatcher says it was registered."""
-    known = _by_a_library.get(entry)
+    known = core.library_kernels.get(entry)  # judged once per entry
     if known is not None:
         return known
     _, name, key = entry.split("/")
@@ -219,26 +217,22 @@ def _registered_by_a_library(entry: str) -> bool:
                     break
         except Exception:  # noqa: BLE001 - a torch without the dump: see above
             pass
-    _by_a_library[entry] = judged
+    core.library_kernels[entry] = judged
     return judged
-
-
-_overrides: tuple[int, frozenset[str]] = (-1, frozenset())  # (size of torch's record, aten_overrides())
 
 
 def aten_overrides() -> frozenset[str]:
     """The aten ops (``"silu"``, ``"add.Tensor"``) that some library gave a Python kernel for a device, from
     torch's record of the Python kernels; torch's own (its meta functions) left out."""
-    global _overrides
     impls = getattr(torch.library, "_impls", None)
     if not impls:
         return frozenset()
     # Read once per size of the record: every replay asks, and registrations come and go as a whole library
-    size, overridden = _overrides
+    size, overridden = core.aten_overrides
     if size != len(impls):
         overridden = frozenset(entry.split("/")[1] for entry in list(impls) if entry.startswith("aten/")
                                and entry.count("/") == 2 and _registered_by_a_library(entry))
-        _overrides = (len(impls), overridden)
+        core.aten_overrides = (len(impls), overridden)
     return overridden
 
 

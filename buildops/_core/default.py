@@ -2,46 +2,30 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
-from .._runtime.forking import forget_in_child
 from .._runtime.hooks import on_shutdown
 from .builder import Builder
+from .state import core
 from .sweeps import wait_for_sweeps
 
 __all__ = ["current_builder", "default_builder", "join", "shutdown"]
 
-_default: Builder | None = None
-_default_lock = threading.Lock()
-
 
 def current_builder() -> Builder | None:
     """The process's builder if one was created, else None (creates nothing)."""
-    return _default
+    return core.builder
 
 
 def default_builder() -> Builder:
     """The process's builder, created on first use."""
-    global _default
-    builder = _default
+    builder = core.builder
     if builder is not None:
         return builder
-    with _default_lock:
-        if _default is None:
-            _default = Builder()
-        return _default
-
-
-@forget_in_child
-def _forget_after_fork() -> None:
-    """Drop the parent's builder: its threads are gone and its locks may be held."""
-    global _default, _default_lock
-    old, _default = _default, None
-    _default_lock = threading.Lock()
-    if old is not None:
-        for op in list(old.waiting_ops):
-            op.forget_pending()
+    with core.builder_lock:
+        if core.builder is None:
+            core.builder = Builder()
+        return core.builder
 
 
 def join(timeout: float | None = None, gpu_only: bool = False, op: str | None = None) -> bool:
@@ -53,7 +37,7 @@ def join(timeout: float | None = None, gpu_only: bool = False, op: str | None = 
     deadline = None if timeout is None else time.monotonic() + timeout
     if not wait_for_sweeps(timeout):
         return False
-    builder = _default
+    builder = core.builder
     left = None if deadline is None else max(0.0, deadline - time.monotonic())
     return True if builder is None else builder.join(timeout=left, gpu_only=gpu_only, op=op)
 
@@ -61,10 +45,9 @@ def join(timeout: float | None = None, gpu_only: bool = False, op: str | None = 
 def shutdown(wait: bool = True, timeout: float | None = None) -> None:
     """Cancel queued builds, stop the workers and backends' pools, and forget the builder (the next build makes
     a new one)."""
-    global _default
     deadline = None if timeout is None else time.monotonic() + timeout  # one for the workers and the pools
-    with _default_lock:
-        builder, _default = _default, None
+    with core.builder_lock:
+        builder, core.builder = core.builder, None
     if builder is not None:
         builder.shutdown(wait=wait, timeout=timeout)
         for op in list(builder.waiting_ops):

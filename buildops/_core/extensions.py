@@ -11,10 +11,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from .state import core
 
 __all__ = ["Backend", "add_first_gpu_build_hook", "backend", "backends", "first_gpu_build", "launch_recorders",
            "late_watchers", "load", "register"]
@@ -82,28 +83,22 @@ def load(target: str) -> Any:
     return getattr(loaded, attribute) if attribute else loaded
 
 
-_backends: dict[str, Backend] = {}
-_gpu_hooks: list[str] = []
-_lock = threading.Lock()
-_gpu_hooks_run = False
-
-
 def register(registration: Backend) -> None:
     """Register a backend (again: the new registration replaces the one of that name)."""
-    with _lock:
-        _backends[registration.name] = registration
+    with core.registry_lock:
+        core.backends[registration.name] = registration
 
 
 def backends() -> list[Backend]:
     """Every registered backend, in the order registered."""
-    with _lock:
-        return list(_backends.values())
+    with core.registry_lock:
+        return list(core.backends.values())
 
 
 def backend(name: str) -> Backend | None:
     """The backend registered as ``name`` (a build's ``library``), or None."""
-    with _lock:
-        return _backends.get(name)
+    with core.registry_lock:
+        return core.backends.get(name)
 
 
 def launch_recorders() -> list[Callable[..., Any]]:
@@ -121,18 +116,17 @@ def add_first_gpu_build_hook(target: str) -> None:
     (the CUDA graph capture guard is installed so)."""
     if ":" not in target:
         raise ValueError(f"buildops first-GPU-build hook {target!r}: expected 'module:attribute'")
-    with _lock:
-        if target not in _gpu_hooks:
-            _gpu_hooks.append(target)
+    with core.registry_lock:
+        if target not in core.gpu_hooks:
+            core.gpu_hooks.append(target)
 
 
 def first_gpu_build() -> None:
     """Run the first-GPU-build hooks, once per process (a failure raises to the submitter, and they run again)."""
-    global _gpu_hooks_run
-    if _gpu_hooks_run:
+    if core.gpu_hooks_run:
         return
-    with _lock:
-        if not _gpu_hooks_run:
-            for target in list(_gpu_hooks):
+    with core.registry_lock:
+        if not core.gpu_hooks_run:
+            for target in list(core.gpu_hooks):
                 load(target)()
-            _gpu_hooks_run = True
+            core.gpu_hooks_run = True

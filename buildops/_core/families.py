@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import threading
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from .build import Build
 from .default import default_builder
 from .passes import current_pass
+from .state import core
 
 __all__ = ["OpFamily", "model_configured", "model_created", "register_family", "unregister_family"]
 
@@ -43,25 +43,21 @@ class OpFamily(Protocol):
     def builds(self, model: Any, config: Any) -> Iterable[Build]: ...
 
 
-_families: list[OpFamily] = []
-_lock = threading.Lock()
-
-
 def register_family(family: OpFamily) -> OpFamily:
     """Add a family (idempotent); returns it, so it can be used as a class decorator on an instance factory."""
     if not isinstance(family, OpFamily):
         raise TypeError(f"register_family: {family!r} is not an OpFamily (needs name, recognizes(), builds())")
-    with _lock:
-        if family not in _families:
-            _families.append(family)
+    with core.families_lock:
+        if family not in core.families:
+            core.families.append(family)
     return family
 
 
 def unregister_family(family: OpFamily) -> None:
     """Remove a family registered with :func:`register_family` (nothing if it is not registered)."""
-    with _lock:
-        if family in _families:
-            _families.remove(family)
+    with core.families_lock:
+        if family in core.families:
+            core.families.remove(family)
 
 
 def model_configured(config: Any) -> list[concurrent.futures.Future]:
@@ -87,8 +83,8 @@ def model_created(model: Any, config: Any = None) -> list[concurrent.futures.Fut
 
 
 def _queue_family_builds(model: Any, config: Any) -> list[concurrent.futures.Future]:
-    with _lock:
-        families = list(_families)
+    with core.families_lock:
+        families = list(core.families)
     futures: list[concurrent.futures.Future] = []
     build_pass = current_pass()
     subject = type(model).__name__ if model is not None else f"the configuration {type(config).__name__}"

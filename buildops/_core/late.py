@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import traceback
 from collections.abc import Hashable
 from dataclasses import dataclass
 
 from .._config import read_or_default, settings
 from . import extensions
+from .state import core
 
 __all__ = ["LateCompile", "LateCompileError", "late_compiles"]
 
@@ -52,65 +52,38 @@ class LateCompile:
         return f"late {self.kind} of {self.library} kernel {self.kernel}{ops} at {self.where}: {self.variant}"
 
 
-class _LateCompiles:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._armed = False
-        self._seen: set[Hashable] = set()
-        self.records: list[LateCompile] = []
-
-    def arm(self) -> None:
-        """Called when an outermost pass ends: from now on, first-use compiles are late. Installs the watchers of
-        the libraries in use (each backend's ``late_watchers``); a library not imported yet is not watched."""
-        self._armed = True
-        for install in extensions.late_watchers():
-            install()
-
-    def record(self, late: LateCompile, key: Hashable) -> None:
-        if not self._armed:
-            return
-        mode = read_or_default(type(settings).late_compile)  # in a serving call: a bad value must not raise there
-        with self._lock:
-            first = key not in self._seen
-            self._seen.add(key)
-            self.records.append(late)
-        if mode == "error":
-            raise LateCompileError(late)
-        if mode == "warn" and first:
-            logger.warning("buildops: %s", late.describe())
-
-    def reset(self) -> None:
-        with self._lock:
-            self._armed = False
-            self._seen.clear()
-            self.records.clear()
-
-
-_state = _LateCompiles()
-
-
 def record(late: LateCompile, key: Hashable) -> None:
     """Report a first-use compile (a backend's compile hook calls this); raises in ``error`` mode."""
-    _state.record(late, key)
+    if not core.late_armed:
+        return
+    mode = read_or_default(type(settings).late_compile)  # in a serving call: a bad value must not raise there
+    with core.late_lock:
+        first = key not in core.late_seen
+        core.late_seen.add(key)
+        core.late_records.append(late)
+    if mode == "error":
+        raise LateCompileError(late)
+    if mode == "warn" and first:
+        logger.warning("buildops: %s", late.describe())
 
 
 def arm() -> None:
-    _state.arm()
+    """Called when an outermost pass ends: from now on, first-use compiles are late. Installs the watchers of the
+    libraries in use (each backend's ``late_watchers``); a library not imported yet is not watched."""
+    core.late_armed = True
+    for install in extensions.late_watchers():
+        install()
 
 
 def armed() -> bool:
     """Whether an outermost pass has ended (since the last reset): first-use compiles are late from then on."""
-    return _state._armed
+    return core.late_armed
 
 
 def late_compiles() -> list[LateCompile]:
     """Every late compile recorded so far, in order."""
-    with _state._lock:
-        return list(_state.records)
-
-
-def reset() -> None:
-    _state.reset()
+    with core.late_lock:
+        return list(core.late_records)
 
 
 def _library_paths() -> tuple[str, ...]:

@@ -32,18 +32,17 @@ import copy
 import dataclasses
 import inspect
 import logging
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from .._runtime.forking import free_in_child
 from . import extensions
 from .build import Build
 from .custom_ops import AtenOverrideRouter, CustomOpRouter, aten_overrides
 from .meta_refs import dynamo_unimported
 from .specs import SpecError
+from .state import core
 from .tensor_specs import tensor_dims
 
 __all__ = ["ReplayError", "materialize", "output_template", "replay"]
@@ -181,11 +180,6 @@ def _run(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[s
     return _Run(builds, result, router)
 
 
-# (op, custom op) pairs already warned about, so that a sweep warns once, not once per swept shape
-_warned: set[tuple[str, str]] = set()
-_warned_lock = free_in_child(threading.Lock())
-
-
 def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping[str, Mapping[int | None, int]],
            dims: Mapping[str, int]) -> list[Build]:
     """Run ``fn`` on meta (else fake) versions of the call's arguments cut to one swept shape; return the launches
@@ -196,9 +190,9 @@ def replay(op: str, fn: Callable, bound: inspect.BoundArguments, shapes: Mapping
                           f"@{op.split('.')[-1]}.lister")
     run = _run(op, fn, bound, shapes, f"at {dict(dims)}", _fix(op), fake_if_nothing_recorded=True)
     if not run.builds and run.router.unrouted:
-        with _warned_lock:
-            new = {name: why for name, why in run.router.unrouted.items() if (op, name) not in _warned}
-            _warned.update((op, name) for name in new)
+        with core.replay_lock:  # each (op, custom op) pair warned of once, not once per swept shape
+            new = {name: why for name, why in run.router.unrouted.items() if (op, name) not in core.replay_warned}
+            core.replay_warned.update((op, name) for name in new)
         if new:
             logger.warning("buildops: replay of %s recorded no launch; %s. A C++ kernel is compiled ahead and needs "
                            "no build; if it compiles on first use, %s", op,

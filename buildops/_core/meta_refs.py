@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .._runtime.forking import free_in_child
+from .state import core
 
 __all__ = ["dynamo_unimported"]
 
@@ -43,49 +42,40 @@ class _UntilDynamo:
         return self.fn(*args, **kwargs)
 
 
-class _StandIns:
-    """The stand-ins, found once per process, and how many replays run with them in place."""
-
-    def __init__(self) -> None:
-        self.lock = free_in_child(threading.Lock())
-        self.found: list[_UntilDynamo] | None = None
-        self.placed: list[_UntilDynamo] = []
-        self.replays = 0
-
-    def enter(self) -> None:
-        with self.lock:
-            self.replays += 1
-            if self.replays > 1 or "torch._dynamo" in sys.modules:
-                return
-            if self.found is None:
-                self.found = list(_find())
-            for stand_in in self.found:
-                if _CACHE not in stand_in.fn.__dict__:  # torch's own wrapper, once built, stays
-                    stand_in.fn.__dict__[_CACHE] = stand_in
-                    self.placed.append(stand_in)
-
-    def exit(self) -> None:
-        with self.lock:
-            self.replays -= 1
-            if self.replays:
-                return
-            for stand_in in self.placed:
-                if stand_in.fn.__dict__.get(_CACHE) is stand_in:
-                    del stand_in.fn.__dict__[_CACHE]
-            self.placed.clear()
-
-
-_stand_ins = _StandIns()
-
-
 @contextlib.contextmanager
 def dynamo_unimported() -> Iterator[None]:
     """Within: torch's Python meta kernels run without importing dynamo (see the module's docstring)."""
-    _stand_ins.enter()
+    _place()
     try:
         yield
     finally:
-        _stand_ins.exit()
+        _remove()
+
+
+def _place() -> None:
+    """The first replay running puts the stand-ins in place (found at the process's first)."""
+    with core.replay_lock:
+        core.meta_replays += 1
+        if core.meta_replays > 1 or "torch._dynamo" in sys.modules:
+            return
+        if core.stand_ins is None:
+            core.stand_ins = list(_find())
+        for stand_in in core.stand_ins:
+            if _CACHE not in stand_in.fn.__dict__:  # torch's own wrapper, once built, stays
+                stand_in.fn.__dict__[_CACHE] = stand_in
+                core.stand_ins_placed.append(stand_in)
+
+
+def _remove() -> None:
+    """The last replay to end takes them out: the references are as torch left them."""
+    with core.replay_lock:
+        core.meta_replays -= 1
+        if core.meta_replays:
+            return
+        for stand_in in core.stand_ins_placed:
+            if stand_in.fn.__dict__.get(_CACHE) is stand_in:
+                del stand_in.fn.__dict__[_CACHE]
+        core.stand_ins_placed.clear()
 
 
 def _find() -> Iterator[_UntilDynamo]:

@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import gc
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .._runtime.forking import free_in_child
-from .._runtime.hooks import on_reset
+from .state import core
 
 __all__ = ["claim_name", "described", "hold_name", "op_name", "release_name", "short_name"]
 
@@ -34,11 +31,6 @@ def described(fn: Callable) -> Callable:
     return fn
 
 
-_names: dict[str, tuple[str, str]] = {}  # name -> (module, qualname) of the function whose ops hold it
-_holders: dict[str, list[Callable[[], Any]]] = {}  # name -> weak references to the ops that hold it
-_names_lock = free_in_child(threading.Lock())
-
-
 def claim_name(fn: Callable, name: str | None, decorator: str) -> tuple[str, bool]:
     """The op's name, claimed for the process's life, and whether this call claimed it first: ``name=`` as given
     (another function's op with that name is an error naming both), else the short qualified name, qualified by
@@ -49,9 +41,9 @@ def claim_name(fn: Callable, name: str | None, decorator: str) -> tuple[str, boo
     module = getattr(function, "__module__", None) or "?"
     qualname = getattr(function, "__qualname__", None) or repr(function)
     identity = (module, qualname)
-    with _names_lock:
+    with core.names_lock:
         if name is not None:
-            holder = _names.get(name, identity)
+            holder = core.names.get(name, identity)
             if holder != identity:
                 raise ValueError(f"@{decorator}(name={name!r}) on {module}.{qualname}: {name!r} is already the name "
                                  f"of the op of {'.'.join(holder)}; two ops never share a name (their reports and "
@@ -60,40 +52,22 @@ def claim_name(fn: Callable, name: str | None, decorator: str) -> tuple[str, boo
         else:
             short = short_name(function)
             candidates = (short, f"{module}.{short}", f"{module}.{qualname}")
-            chosen = next((c for c in candidates if _names.get(c, identity) == identity), None)
+            chosen = next((c for c in candidates if core.names.get(c, identity) == identity), None)
             if chosen is None:  # only where name= gave another op this module and qualname
                 raise ValueError(f"@{decorator} on {module}.{qualname}: other ops hold each of its names "
                                  f"{list(candidates)}; give it one with name=")
-        first = chosen not in _names
-        _names[chosen] = identity
+        first = chosen not in core.names
+        core.names[chosen] = identity
     return chosen, first
 
 
 def release_name(name: str) -> None:
     """Give up a name first claimed by an op that was never made (its decoration failed)."""
-    with _names_lock:
-        _names.pop(name, None)
-        _holders.pop(name, None)
+    with core.names_lock:
+        core.names.pop(name, None)
+        core.name_holders.pop(name, None)
 
 
 def hold_name(name: str, wrapper: Any) -> None:
-    with _names_lock:
-        _holders.setdefault(name, []).append(weakref.ref(wrapper))
-
-
-@on_reset.add
-def _forget_names_of_collected_ops() -> None:
-    """At ``buildops.testing.reset()``, after a collection: free the names whose ops are all gone, so that the next
-    test's ops are named as in a fresh process. Never otherwise: in a serving process a name is not freed at a time
-    a collection happens to choose. Only ops of functions made at run time (a ``<locals>`` qualname, as tests
-    make) are looked for: a module's ops live as long as the module, so with none of the others, no collection."""
-    with _names_lock:
-        local = any("<locals>" in _names.get(name, ("", ""))[1] for name in _holders)
-    if not local:
-        return
-    gc.collect()
-    with _names_lock:
-        for name, refs in list(_holders.items()):
-            if all(ref() is None for ref in refs):
-                del _holders[name]
-                _names.pop(name, None)
+    with core.names_lock:
+        core.name_holders.setdefault(name, []).append(weakref.ref(wrapper))

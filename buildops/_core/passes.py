@@ -20,19 +20,17 @@ from __future__ import annotations
 import concurrent.futures
 import contextvars
 import logging
-import threading
 import time
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .._config import settings
-from .._runtime.forking import free_in_child
-from .._runtime.hooks import on_reset
 from . import late
 from .build import Build
 from .builder import Builder
 from .default import current_builder, default_builder
+from .state import core
 from .sweeps import Sweep, list_later
 
 __all__ = ["BuildPass", "ListedNothing", "active", "build_pass", "current_pass", "in_pass", "listed_nothing",
@@ -68,27 +66,10 @@ def listed_nothing_fixes(op: str) -> str:
             f"(@{op.split('.')[-1]}.lister), or leave undecorated an op that has nothing to build")
 
 
-class _ListedNothingLog:
-    """The ops that listed nothing in the outermost passes ended so far, until ``buildops.testing.reset``."""
-
-    def __init__(self) -> None:
-        self.lock = free_in_child(threading.Lock())
-        self.entries: list[ListedNothing] = []
-
-
-_listed_nothing = _ListedNothingLog()
-
-
-@on_reset.add
-def _forget_listed_nothing() -> None:
-    with _listed_nothing.lock:
-        _listed_nothing.entries.clear()
-
-
 def listed_nothing() -> list[ListedNothing]:
     """Every op that listed nothing in an outermost pass ended so far (one entry per op and pass), in order."""
-    with _listed_nothing.lock:
-        return list(_listed_nothing.entries)
+    with core.listed_nothing_lock:
+        return list(core.listed_nothing)
 
 
 def current_pass() -> BuildPass | None:
@@ -345,8 +326,8 @@ class BuildPass:
         if not counts:
             return
         entries = [ListedNothing(op, self.name, n) for op, n in counts.items()]
-        with _listed_nothing.lock:
-            _listed_nothing.entries.extend(entries)
+        with core.listed_nothing_lock:
+            core.listed_nothing.extend(entries)
         if len(entries) == 1:
             what, fixes = entries[0].describe(), listed_nothing_fixes(entries[0].op)
         else:

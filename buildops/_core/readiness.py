@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["mark_ready", "ready_time"]
+from .state import core
 
-_ready_at: float | None = None
+__all__ = ["mark_ready", "ready_time"]
 
 
 def mark_ready() -> None:
-    global _ready_at
-    _ready_at = time.perf_counter()
+    core.ready_at = time.perf_counter()
 
 
 def ready_time() -> float | None:
     """The ``time.perf_counter()`` at which the last start of this process was ready to serve, or None."""
-    return _ready_at
+    return core.ready_at

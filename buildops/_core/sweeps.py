@@ -23,8 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
-from .._runtime.forking import forget_in_child
-from .._runtime.hooks import on_reset, on_shutdown
+from .state import core
 
 __all__ = ["Sweep", "list_later", "listing", "wait_for_sweeps"]
 
@@ -126,24 +125,13 @@ def _key(dims: Mapping[str, int]) -> Hashable:
     return tuple(sorted(dims.items()))
 
 
-class _Handed:
-    """The sweeps handed to background threads and not listed yet."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.sweeps: set[Sweep] = set()
-
-
-_handed = _Handed()
-
-
 def list_later(sweeps: list[Sweep]) -> None:
     """List ``sweeps`` on a background thread, in order; :func:`wait_for_sweeps` waits for them."""
     sweeps = [sweep for sweep in sweeps if not sweep.done.done()]
     if not sweeps:
         return
-    with _handed.lock:
-        _handed.sweeps.update(sweeps)
+    with core.handed_lock:
+        core.handed_sweeps.update(sweeps)
     for sweep in sweeps:
         sweep.done.add_done_callback(_forget(sweep))
     threading.Thread(target=_list_all, args=(sweeps,), name="buildops-lister", daemon=True).start()
@@ -151,8 +139,8 @@ def list_later(sweeps: list[Sweep]) -> None:
 
 def _forget(sweep: Sweep) -> Callable[[concurrent.futures.Future[None]], None]:
     def forget(_: concurrent.futures.Future[None]) -> None:
-        with _handed.lock:
-            _handed.sweeps.discard(sweep)
+        with core.handed_lock:
+            core.handed_sweeps.discard(sweep)
     return forget
 
 
@@ -165,30 +153,11 @@ def wait_for_sweeps(timeout: float | None = None) -> bool:
     """Wait until every sweep handed to a background thread is listed; False if ``timeout`` passed first."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        with _handed.lock:
-            waiting = [sweep.done for sweep in _handed.sweeps]
+        with core.handed_lock:
+            waiting = [sweep.done for sweep in core.handed_sweeps]
         if not waiting:
             return True
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         _, pending = concurrent.futures.wait(waiting, timeout=left)
         if pending and deadline is not None and time.monotonic() >= deadline:
             return False
-
-
-@on_reset.add
-def _drop_handed() -> None:
-    with _handed.lock:
-        sweeps = list(_handed.sweeps)
-    for sweep in sweeps:
-        sweep.drop()
-
-
-@on_shutdown.add
-def _drop_at_shutdown(wait: bool, deadline: float | None) -> None:
-    _drop_handed()  # what they would queue goes to no builder that anyone waits for
-
-
-@forget_in_child
-def _forget_handed() -> None:
-    global _handed
-    _handed = _Handed()

@@ -13,12 +13,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from .._runtime.forking import forget_in_child
 from .build import Build
+from .state import core
 
-__all__ = ["Stuck", "Watchdog", "abandon", "stuck"]
+__all__ = ["Watchdog", "abandon", "stuck"]
 
 logger = logging.getLogger("buildops")
 
@@ -94,37 +94,7 @@ class Watchdog(Generic[R]):
                 self._after(record, error)
 
 
-class Stuck:
-    """Given-up runs not yet returned, of every builder of this process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._records: set[Any] = set()
-
-    def add(self, record: _Watched) -> None:
-        with self._lock:
-            self._records.add(record)
-
-    def discard(self, record: _Watched) -> None:
-        with self._lock:
-            self._records.discard(record)
-
-    def holds(self, thread: threading.Thread) -> bool:
-        """Whether ``thread`` is stuck in a given-up run (no one waits for it)."""
-        with self._lock:
-            return any(r.thread is thread for r in self._records)
-
-    def gpu_builds(self) -> list[Build]:
-        with self._lock:
-            return [r.build for r in self._records if r.build.uses_gpu]
-
-    def forget(self) -> None:
-        """In a forked child: the parent's stuck runs are not the child's."""
-        self._lock, self._records = threading.Lock(), set()
-
-
-stuck = Stuck()
-forget_in_child(stuck.forget)
+stuck = core.stuck  # the given-up runs that still run, of every builder of this process
 
 
 def stuck_gpu_builds() -> list[Build]:
