@@ -1,7 +1,8 @@
 """The builder: one per process, a queue of compile-only builds and the worker threads that run them.
 
 Concurrency model:
-  * One lock guards the builder's tables (records by key, per-op statistics). Nothing is built while it is held.
+  * One lock guards the builder's tables (records by key, per-op statistics: :mod:`.builder_records`, with the
+    read-only queries over them). Nothing is built while it is held.
   * ``submit`` dedups by build key: a key queued, building or built returns the future it already has; a key
     whose build was cancelled may be submitted again.
   * Workers take records off a queue of two lanes (:mod:`.lanes`): urgent, then first in, first out. Builds
@@ -33,22 +34,21 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from .._config import settings
-from .._runtime import gil
 from .._runtime.node import node_claims
 from .._runtime.turns import urgency
 from . import extensions
-from .build import Build, BuildRecord, BuildState, BuildTimeoutError, OpStats, Outcome, Record, outcome_of
+from .build import Build, BuildState, BuildTimeoutError, Outcome, Record, outcome_of
+from .builder_records import BuilderRecords
 from .builder_threads import BuilderThreads, join_threads
 from .claims import claim, release
 from .lanes import Lanes, SerialQueue
-from .ledger import Ledger
 from .sharing import StoreCounts, StoreSharing, store_sharing
 from .waiting import wait_until_done
-from .watchdog import Watchdog, abandon, stuck, stuck_gpu_builds
+from .watchdog import Watchdog, abandon, stuck
 
 __all__ = ["Builder"]
 
@@ -67,22 +67,18 @@ class _WaitingOp(Protocol):
     def forget_pending(self) -> None: ...
 
 
-class Builder:
-    """Runs builds on worker threads, deduplicated by key. See the module docstring for the concurrency model."""
+class Builder(BuilderRecords):
+    """Runs builds on worker threads, deduplicated by key. See the module docstring for the concurrency model; the
+    records it keeps, and the queries over them, are in its base (:mod:`.builder_records`)."""
 
     def __init__(self, threads: int | None = None) -> None:
-        self._lock = threading.Lock()
+        super().__init__()
         self._queue_changed = threading.Condition(self._lock)  # a normal build queued, or a worker to stop
         self._queue: Lanes[Record] = Lanes(self._queue_changed)
         self._serial_changed = threading.Condition(self._lock)  # a serial build queued, a build done, or closing
         self._serial: SerialQueue[Record] = SerialQueue(self._serial_changed, self._done_locked,
                                                           lambda: self._closed)
-        self._records: dict[Hashable, Record] = {}
-        self._by_future: dict[concurrent.futures.Future[Any], Record] = {}  # the same records, for expedite()
-        self._ledger = Ledger()
         self._threads = BuilderThreads(threads if threads is not None else settings.threads, self._work)
-        self._busy = 0
-        self._in_flight = 0  # records queued or building
         self._closed = False
         self._claims = node_claims()
         self._sharing = store_sharing()
@@ -128,9 +124,7 @@ class Builder:
                 record.ops.add(build.op)
                 return record.future
             stats.listed += 1
-            if self._in_flight == 0:
-                gil.hold()  # before the record exists: a bad setting raises with nothing queued
-            self._in_flight += 1
+            self._count_in_locked()  # before the record exists: a bad setting raises with nothing queued
             try:
                 if build.uses_gpu:
                     extensions.first_gpu_build()
@@ -139,9 +133,7 @@ class Builder:
                 self._count_out_locked()
                 raise
             record = Record(build, concurrent.futures.Future(), {owner}, {build.op}, timeout=timeout)
-            self._records[build.key] = record
-            self._ledger.made(record)
-            self._by_future[record.future] = record
+            self._add_locked(record)
             if build.serial:
                 self._serial.put_locked(record)
             else:
@@ -180,18 +172,12 @@ class Builder:
             claim, record.claim = record.claim, None
         release(claim, record.build)
 
-    def _done_locked(self, key: Hashable) -> bool:
-        # ``settled``, not ``future.done()``: a build is settled, and the serial worker woken, just before its
-        # future gets its result.
-        record = self._records.get(key)
-        return record is None or record.settled or record.future.cancelled()
-
     def _run(self, record: Record, sharing: StoreSharing | None = None) -> None:
         if not record.future.set_running_or_notify_cancel():
             with self._lock:  # cancelled while queued: by cancel or shutdown, or by its owner through the future
                 if record.state is not BuildState.CANCELLED:  # its owner: cancel and shutdown did this already
                     self._cancelled_locked(record)
-                self._settle(record)
+                self._settle_locked(record)
                 self._serial_changed.notify_all()
             return
         start = time.perf_counter()
@@ -227,7 +213,7 @@ class Builder:
                             "outcome is dropped", record.build.describe(), record.build.op, seconds,
                             "failed" if error is not None else "built")
                 return False
-            self._settle(record)
+            self._settle_locked(record)
             self._serial_changed.notify_all()  # a serial build may have been waiting for this one
             record.seconds = seconds
             record.error = error
@@ -239,25 +225,6 @@ class Builder:
                            record.build.describe(), record.build.op, seconds, exc_info=error)
         return True
 
-    def _settle(self, record: Record) -> None:
-        """Count ``record`` out of the builds in flight, once (under the lock)."""
-        if record.settled:
-            return
-        record.settled = True
-        self._count_out_locked()
-
-    def _count_out_locked(self) -> None:
-        self._in_flight -= 1
-        if self._in_flight == 0:
-            gil.release()
-
-    def _cancelled_locked(self, record: Record) -> None:
-        """Count a record cancelled before it ran, and forget its key, which may be queued again."""
-        record.state = BuildState.CANCELLED
-        self._ledger.of(record.build.op).cancelled += 1
-        if self._records.get(record.build.key) is record:
-            del self._records[record.build.key]
-
     # -- giving up on builds that run too long (the watchdog calls these) ----------------------------------
 
     def _give_up_locked(self, record: Record) -> BuildTimeoutError:
@@ -267,7 +234,7 @@ class Builder:
                                   f"{seconds:.1f} s, past BUILDOPS_BUILD_TIMEOUT={record.timeout:g}; given up")
         stuck.add(record)  # still running: a GPU one still refuses graph capture
         record.given_up = True
-        self._settle(record)
+        self._settle_locked(record)
         self._serial_changed.notify_all()
         record.seconds, record.error, record.state = seconds, error, BuildState.FAILED
         self._ledger.ran(record, seconds, failed=True)
@@ -296,7 +263,7 @@ class Builder:
                     continue
                 record.owners = {o for o in record.owners if not releases(o)}
                 if not record.owners and record.future.cancel():
-                    self._settle(record)
+                    self._settle_locked(record)
                     self._cancelled_locked(record)
                     cancelled += 1
             self._serial_changed.notify_all()  # a cancelled build counts as done for serial builds after it
@@ -352,34 +319,7 @@ class Builder:
             with self._lock:
                 self._ledger.of(op).wait_seconds += time.perf_counter() - start
 
-    # -- looking ----------------------------------------------------------------------------------------------
-
-    def state(self, key: Hashable) -> BuildState | None:
-        """The state of the build with this key, or None if it was never submitted (or was cancelled)."""
-        with self._lock:
-            record = self._records.get(key)
-            return record.state if record is not None else None
-
-    def future(self, key: Hashable) -> concurrent.futures.Future[Any] | None:
-        """The future of the build with this key, or None if it was never submitted (or was cancelled)."""
-        with self._lock:
-            record = self._records.get(key)
-            return record.future if record is not None else None
-
-    def stats(self) -> dict[str, OpStats]:
-        """A copy of the per-op statistics."""
-        with self._lock:
-            return self._ledger.stats()
-
-    def history(self) -> list[BuildRecord]:
-        """Every build submitted, in order."""
-        with self._lock:
-            return self._ledger.history()
-
-    def snapshot(self) -> tuple[dict[str, OpStats], list[BuildRecord]]:
-        """:meth:`stats` and :meth:`history` at one instant, so that a report's counts agree with each other."""
-        with self._lock:
-            return self._ledger.stats(), self._ledger.history()
+    # -- looking (the queries over its records are in BuilderRecords) -----------------------------------------
 
     def store_counts(self) -> StoreCounts | None:
         """What this builder's builds took from and gave to the build store; None without one."""
@@ -389,22 +329,6 @@ class Builder:
     def closed(self) -> bool:
         """Shut down: it takes no more builds."""
         return self._closed
-
-    @property
-    def busy(self) -> int:
-        """How many builds' runs are running now, those given up as timed out included."""
-        with self._lock:
-            return self._busy
-
-    def gpu_pending(self) -> list[Build]:
-        """The GPU builds queued or running now, and those given up as timed out whose runs still run (of any
-        builder: one shut down since too)."""
-        with self._lock:
-            # A queued build whose owner cancelled its future never runs: join() does not wait for it either.
-            pending = [r.build for r in self._records.values()
-                       if r.build.uses_gpu and (r.state is BuildState.BUILDING
-                                                or r.state is BuildState.QUEUED and not r.future.cancelled())]
-        return pending + [b for b in stuck_gpu_builds() if b not in pending]
 
     @property
     def workers(self) -> int:
@@ -418,7 +342,7 @@ class Builder:
             self._closed = True
             for record in list(self._records.values()):
                 if record.future.cancel():
-                    self._settle(record)
+                    self._settle_locked(record)
                     self._cancelled_locked(record)
             workers = self._threads.normal_locked
             for _ in workers:
