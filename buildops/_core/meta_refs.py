@@ -23,7 +23,7 @@ from typing import Any
 
 from .state import core
 
-__all__ = ["dynamo_unimported"]
+__all__ = ["dynamo_unimported", "find_stand_ins"]
 
 _CACHE = "__dynamo_disable"  # the attribute torch's wrapper keeps its dynamo-disabled function in
 
@@ -52,15 +52,26 @@ def dynamo_unimported() -> Iterator[None]:
         _remove()
 
 
+def find_stand_ins() -> None:
+    """Find the stand-ins now, once per process (tens of milliseconds of Python): a start's background thread does,
+    so that its first replay finds them found."""
+    with core.replay_lock:
+        _find_locked()
+
+
+def _find_locked() -> list[_UntilDynamo]:
+    if core.stand_ins is None and "torch._dynamo" not in sys.modules:
+        core.stand_ins = list(_find())
+    return core.stand_ins or []
+
+
 def _place() -> None:
-    """The first replay running puts the stand-ins in place (found at the process's first)."""
+    """The first replay running puts the stand-ins in place."""
     with core.replay_lock:
         core.meta_replays += 1
         if core.meta_replays > 1 or "torch._dynamo" in sys.modules:
             return
-        if core.stand_ins is None:
-            core.stand_ins = list(_find())
-        for stand_in in core.stand_ins:
+        for stand_in in _find_locked():
             if _CACHE not in stand_in.fn.__dict__:  # torch's own wrapper, once built, stays
                 stand_in.fn.__dict__[_CACHE] = stand_in
                 core.stand_ins_placed.append(stand_in)

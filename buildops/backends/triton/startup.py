@@ -113,15 +113,18 @@ def _wait_for_import(name: str, deadline: float) -> bool:
 
 
 def _import_what_replays_need() -> None:
-    """Import what a replay's first elementwise op on meta tensors imports: sympy, which torch's type promotion
-    imports at its first use (a tenth of a second or more of Python), paid here beside the engine's own start rather
-    than by the rehearsal's first op. (Torch's dynamo, which those ops would import too, they run without:
-    ``_core/meta_refs.py``.)"""
+    """Prepare what a replay's first elementwise op on meta tensors needs: sympy, which torch's type promotion
+    imports at its first use (a tenth of a second or more of Python), and the stand-ins that let torch's meta kernels
+    run without importing dynamo (``_core/meta_refs.py``); paid here beside the engine's own start rather than by
+    the rehearsal's first op."""
     try:
+        from ..._core.meta_refs import find_stand_ins
+
         with gil.holding():
             importlib.import_module("sympy")
-    except Exception:  # the replay imports it itself
-        logger.debug("buildops: importing sympy in the background failed", exc_info=True)
+            find_stand_ins()
+    except Exception:  # the replay does it itself
+        logger.debug("buildops: preparing what replays need in the background failed", exc_info=True)
 
 
 # The helper's process sees this process's import path (the same Triton, the same buildops), whatever
