@@ -11,6 +11,7 @@ import buildops
 from buildops import Build, BuildState, ConfigError, Outcome, settings
 from buildops._core.builder import Builder
 from buildops._core.default import current_builder, default_builder
+from buildops._runtime.state import runtime
 
 from conftest import WAIT, waiting_on
 
@@ -195,7 +196,7 @@ def test_the_report_keeps_every_build_with_when_it_ran_and_how_long_it_waited():
 def wait_for_no_holders():
     """Other tests' background preparation (``start_build_workers``) may still hold the short interval."""
     deadline = time.monotonic() + WAIT
-    while buildops._runtime.gil._holders and time.monotonic() < deadline:
+    while runtime.gil_holders and time.monotonic() < deadline:
         time.sleep(0.01)
 
 

@@ -10,8 +10,9 @@ import pytest
 
 from buildops._core import extensions
 from buildops._core.state import core
-from buildops._runtime import forking, patching
+from buildops._runtime import children, forking, gil, patching
 from buildops._runtime.hooks import Hooks
+from buildops._runtime.state import runtime
 
 from conftest import WAIT
 
@@ -126,6 +127,38 @@ def test_a_lock_free_in_child_is_free_in_a_child_forked_while_another_thread_hol
     finally:
         release.set()
         holder.join(10)
+
+
+def test_a_child_forked_while_a_thread_holds_the_runtime_state_starts_with_none_of_it_held():
+    patch = patching.Patch(_owner(), "fn", lambda fn: fn, "test")
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with gil.holding(), children.building(), runtime.gil_lock, runtime.children_lock, patch._lock:
+            held.set()
+            release.wait(WAIT)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(WAIT)
+        assert runtime.gil_holders >= 1 and len(runtime.children_running) >= 1
+        before = runtime.gil_restore_to or sys.getswitchinterval()  # the interval before the first holder
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            fresh = (runtime.gil_lock.acquire(timeout=1) and runtime.children_lock.acquire(timeout=1)
+                     and patch._lock.acquire(timeout=1))
+            found = (fresh, runtime.gil_holders, len(runtime.children_running), sys.getswitchinterval() == before)
+            os.write(write, repr(found).encode())
+            os._exit(0)
+        os.close(write)
+        assert os.read(read, 100).decode() == repr((True, 0, 0, True))
+        os.waitpid(pid, 0)
+        assert runtime.gil_holders >= 1 and len(runtime.children_running) >= 1  # the parent's are untouched
+    finally:
+        release.set()
+        holder.join(WAIT)
 
 
 def test_hooks_run_each_callback_once_in_order():

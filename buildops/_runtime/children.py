@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .forking import forget_in_child
 from .patching import Patch
+from .state import runtime
 
 __all__ = ["Started", "building", "kill_all", "kill_started"]
 
@@ -34,17 +34,11 @@ class Started:
         self.pids: list[int] = []
 
 
-_local = threading.local()  # .started: the Started of the block running on this thread, or None
-_running: set[Started] = set()  # every block running now, on any thread
-_lock = threading.Lock()
-_hooked = False
-
-
 def _noting_popen_init(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def __init__(self: subprocess.Popen, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        started = getattr(_local, "started", None)
+        started = getattr(runtime.children_here, "started", None)
         if started is not None and isinstance(self.pid, int):
             started.pids.append(self.pid)
     return __init__
@@ -60,18 +54,18 @@ _popen_patch = Patch(subprocess.Popen, "__init__", _noting_popen_init,
 def building() -> Iterator[Started]:
     """Note the processes this thread starts in the block (not those of other threads)."""
     _hook_exit()
-    started, outer = Started(), getattr(_local, "started", None)
-    with _lock:
-        _running.add(started)
-    _local.started = started
+    started, outer = Started(), getattr(runtime.children_here, "started", None)
+    with runtime.children_lock:
+        runtime.children_running.add(started)
+    runtime.children_here.started = started
     _popen_patch.acquire()
     try:
         yield started
     finally:
         _popen_patch.release()
-        _local.started = outer
-        with _lock:
-            _running.discard(started)
+        runtime.children_here.started = outer
+        with runtime.children_lock:
+            runtime.children_running.discard(started)
 
 
 def kill_started(started: Started) -> None:
@@ -81,19 +75,18 @@ def kill_started(started: Started) -> None:
 
 def kill_all() -> None:
     """Kill the processes of every block running now, with their descendants (at exit: see the module docstring)."""
-    with _lock:
-        pids = [pid for started in _running for pid in started.pids]
+    with runtime.children_lock:
+        pids = [pid for started in runtime.children_running for pid in started.pids]
     _kill_trees(pids)
 
 
 def _hook_exit() -> None:
-    global _hooked
-    if _hooked:
+    if runtime.children_exit_hooked:
         return
-    with _lock:
-        if _hooked:
+    with runtime.children_lock:
+        if runtime.children_exit_hooked:
             return
-        _hooked = True
+        runtime.children_exit_hooked = True
     # Among threading's exit hooks, which run before the interpreter's atexit ones: a builder thread stuck in a
     # compile is a daemon, and its compiler must be gone before this process's stdout closes.
     register_at_exit = getattr(threading, "_register_atexit", None)
@@ -156,10 +149,3 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return fields[0] != b"Z" and int(fields[1]) == os.getpid()
-
-
-@forget_in_child
-def _forget() -> None:
-    global _lock, _running
-    _lock, _running = threading.Lock(), set()
-    _local.__dict__.pop("started", None)

@@ -19,7 +19,6 @@ import logging
 import os
 import threading
 import traceback
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,8 +26,8 @@ from typing import Any, TypeVar
 import torch
 
 from .._config import settings
-from .forking import forget_in_child
 from .node import LockFile, node_claims, open_lock_file
+from .state import runtime
 
 try:
     import fcntl
@@ -46,14 +45,12 @@ logger = logging.getLogger("buildops")
 NODE_POLL_SECONDS = 0.25
 LOCAL_POLL_SECONDS = 1.0
 
-_streams = threading.local()
-
 
 def worker_stream(device: torch.device) -> torch.cuda.Stream:
     """This worker thread's own CUDA stream on ``device``, so builds never queue behind the user's stream."""
-    cache = getattr(_streams, "by_device", None)
+    cache = getattr(runtime.worker_streams, "by_device", None)
     if cache is None:
-        cache = _streams.by_device = {}
+        cache = runtime.worker_streams.by_device = {}
     stream = cache.get(device)
     if stream is None:
         stream = cache[device] = torch.cuda.Stream(device=device)
@@ -131,7 +128,7 @@ class MemoryGate:
                  device_id: Callable[[torch.device], str] = device_uuid) -> None:
         self._free, self._device_id = free, device_id
         self._fresh_state()
-        _gates.add(self)
+        runtime.gates.add(self)
         self.waits = 0  # how many builds waited for others to free memory (tests and debugging)
 
     def _fresh_state(self) -> None:
@@ -227,13 +224,6 @@ class MemoryGate:
         self._nodes[settings.node_locks, gpu] = None
 
 
-@forget_in_child
-def _forget_after_fork() -> None:
-    for forked in list(_gates):
-        forked.forget_after_fork()
-
-
-_gates: weakref.WeakSet[MemoryGate] = weakref.WeakSet()
 gate = MemoryGate()
 
 

@@ -19,7 +19,6 @@ import multiprocessing.context as mp_context
 import multiprocessing.spawn
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.context import BaseContext
@@ -27,6 +26,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from .patching import Patch
+from .state import runtime
 
 __all__ = ["MAIN_MODULE_EXIT", "context", "ended_importing_main", "names_of_main", "refuse_while_importing_main"]
 
@@ -42,7 +42,6 @@ _WORKER_NAME = "buildops-worker"
 # forkserver's own, on versions that pass it).
 _MAIN_KEYS = ("init_main_from_name", "init_main_from_path", "main_path")
 _MAIN_NAMES = ("__main__", "__mp_main__")  # what the main module is called in this process, and in a child
-_starting = threading.local()  # .workers: this thread is starting one of buildops' worker processes
 
 
 def _worker_name(default: str) -> str:
@@ -54,7 +53,7 @@ def _worker_name(default: str) -> str:
 def _without_main(original: Callable[[str], dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
     def get_preparation_data(name: str) -> dict[str, Any]:
         data = original(name)
-        if getattr(_starting, "workers", False):
+        if getattr(runtime.starting_workers, "workers", False):
             for key in _MAIN_KEYS:
                 data.pop(key, None)
         return data
@@ -74,12 +73,12 @@ def _keeping_main_out() -> Iterator[None]:
     data multiprocessing sends them names no main module. Other threads, other users of multiprocessing, are
     unaffected."""
     _PREPARATION.acquire()
-    before = getattr(_starting, "workers", False)
-    _starting.workers = True
+    before = getattr(runtime.starting_workers, "workers", False)
+    runtime.starting_workers.workers = True
     try:
         yield
     finally:
-        _starting.workers = before
+        runtime.starting_workers.workers = before
         _PREPARATION.release()
 
 

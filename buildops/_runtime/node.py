@@ -26,6 +26,7 @@ from collections.abc import Hashable
 from pathlib import Path
 
 from .._config import settings
+from .state import runtime
 
 try:
     import fcntl
@@ -145,12 +146,9 @@ class _Unclaimed:
         pass
 
 
-_warned: set[str] = set()
-
-
 def _warn_unusable(directory: Path, why: str) -> None:
-    if str(directory) not in _warned:  # once per directory, not once per build
-        _warned.add(str(directory))
+    if str(directory) not in runtime.warned_directories:  # once per directory, not once per build
+        runtime.warned_directories.add(str(directory))
         logger.warning("buildops: BUILDOPS_NODE_LOCKS directory %s cannot be used (%s); builds go on without "
                        "node-wide claims, so other processes of this node may build the same kernels. Set "
                        "BUILDOPS_NODE_LOCKS=<a directory you own, mode 0700>, or off.", directory, why)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .forking import forget_in_child
+from .state import runtime
 
 __all__ = ["Patch", "applied"]
 
@@ -39,7 +38,7 @@ class Patch:
         self._own = False  # whether the owner had the attribute itself (else it inherited it)
         self._holders = 0
         self._lock = threading.Lock()
-        _patches.add(self)
+        runtime.patches.add(self)
 
     def __repr__(self) -> str:
         name = getattr(self.owner, "__qualname__", None) or getattr(self.owner, "__name__", repr(self.owner))
@@ -69,6 +68,10 @@ class Patch:
                     delattr(self.owner, self.attribute)
                 self.original = None
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: the lock may be held by a parent thread that is not there (see ``state``)."""
+        self._lock = threading.Lock()
+
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
         """Hold the patch for the block."""
@@ -79,15 +82,6 @@ class Patch:
             self.release()
 
 
-_patches: weakref.WeakSet[Patch] = weakref.WeakSet()
-
-
 def applied() -> list[Patch]:
     """The patches installed now."""
-    return [patch for patch in list(_patches) if patch.active]
-
-
-@forget_in_child
-def _new_locks() -> None:
-    for patch in list(_patches):
-        patch._lock = threading.Lock()
+    return [patch for patch in list(runtime.patches) if isinstance(patch, Patch) and patch.active]

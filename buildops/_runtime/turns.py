@@ -17,21 +17,21 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
-__all__ = ["Turns", "is_urgent", "urgency"]
+from .state import runtime
 
-_calling = threading.local()
+__all__ = ["Turns", "is_urgent", "urgency"]
 
 
 @contextlib.contextmanager
 def urgency(urgent: Callable[[], bool]) -> Iterator[None]:
     """Within the block, a call to a worker pool on this thread asks ``urgent()`` whether it goes first. It is
     called under the pool's lock: it must be quick and never raise."""
-    before = getattr(_calling, "urgent", None)
-    _calling.urgent = urgent
+    before = getattr(runtime.urgency_here, "urgent", None)
+    runtime.urgency_here.urgent = urgent
     try:
         yield
     finally:
-        _calling.urgent = before
+        runtime.urgency_here.urgent = before
 
 
 def _not_urgent() -> bool:
@@ -40,7 +40,8 @@ def _not_urgent() -> bool:
 
 def is_urgent() -> bool:
     """Whether the build this thread runs is urgent now (a caller waits for it), as its builder says."""
-    return getattr(_calling, "urgent", None) is not None and _calling.urgent()
+    urgent = getattr(runtime.urgency_here, "urgent", None)
+    return urgent is not None and urgent()
 
 
 class _Waiter:
@@ -68,7 +69,7 @@ class Turns:
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
         """Hold a turn for the block, once one is handed to this call."""
-        waiter = _Waiter(getattr(_calling, "urgent", None) or _not_urgent)
+        waiter = _Waiter(getattr(runtime.urgency_here, "urgent", None) or _not_urgent)
         with self._changed:
             self._waiting.append(waiter)
             self._hand_out_locked()
