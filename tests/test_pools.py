@@ -140,8 +140,8 @@ hashing_meanwhile = _triton_preload.hashing is not None and "torch" not in sys.m
 for name in FORKSERVER_PRELOAD:
     __import__(name)
 from triton.runtime.cache import triton_key
-from buildops.backends.triton import worker as _triton_worker
-print(hashing_meanwhile, triton_key.cache_info().currsize, _triton_worker._warmed_for,
+from buildops.backends.triton.state import triton_state
+print(hashing_meanwhile, triton_key.cache_info().currsize, triton_state.warmed_for,
       [t.name for t in threading.enumerate() if t.name.startswith("buildops")])
 """
 

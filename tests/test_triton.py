@@ -22,8 +22,8 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 from buildops.backends.triton import autotune, driver, patches, record, versions  # noqa: E402
 from buildops.backends.triton import build as triton_build  # noqa: E402
-from buildops.backends.triton import late as triton_late  # noqa: E402
 from buildops.backends.triton.stand_ins import stand_in  # noqa: E402
+from buildops.backends.triton.state import triton_state  # noqa: E402
 from buildops.backends.triton.worker import workers as triton_workers  # noqa: E402
 
 ORIGINAL_JIT_RUN = JITFunction.run
@@ -503,9 +503,10 @@ def test_threads_make_a_shared_launcher_one_at_a_time_and_other_launchers_beside
 
 def test_a_forked_child_gets_every_lock_of_the_triton_module_free():
     import threading as _threading
-    names = [(triton_build, "_load_lock"), (triton_build, "_triton_key_lock"), (triton_build, "_launcher_locks_lock"),
-             (driver, "_driver_lock"), (triton_late, "_listed_lock"), (patches, "_module_load_lock"),
-             (patches, "_parse_lock"), (patches, "_held_lock")]
+    names = [(triton_build, "_load_lock"), (triton_build, "_triton_key_lock"), (driver, "_driver_lock"),
+             (patches, "_module_load_lock"), (patches, "_parse_lock")]
+    names += [(triton_state, name) for name in ("prepare_lock", "serving_lock", "tunings_queued_lock", "listed_lock",
+                                                "launcher_locks_lock", "build_patches_lock", "interpreter_patch_lock")]
     held, release = _threading.Event(), _threading.Event()
 
     def hold_them():  # another thread holds them as the process forks

@@ -7,9 +7,9 @@ after the pass), ``interpret`` (Triton's interpreter: launches listed, nothing t
 compile and load), ``autotune`` (autotuning in the build), ``tunings`` (a tuner's choices: kept, nearest),
 ``serving`` (no tuning on a serving thread after a pass), ``patches`` (Triton steps serialised while building),
 ``late`` (late compiles), ``worker`` (the worker processes' pool, and what runs in them), ``preload`` and ``warm``
-(what their forkserver imports), ``startup`` (the pool started early) and ``doctor``. Importing this package
-imports neither Triton nor torch: the forkserver imports its ``preload`` module before torch. The public names load
-on first use.
+(what their forkserver imports), ``startup`` (the pool started early), ``doctor``, and ``state`` (the backend's
+process-wide state, and what a reset and a fork make it forget). Importing this package imports neither Triton nor
+torch: the forkserver imports its ``preload`` module before torch. The public names load on first use.
 """
 
 from __future__ import annotations

@@ -20,11 +20,12 @@ from triton.runtime.jit import JITFunction
 from ..._config import triton_executor
 from ..._core.build import Outcome
 from ..._runtime import children
-from ..._runtime.forking import forget_in_child, free_in_child
+from ..._runtime.forking import free_in_child
 from . import entries, worker
 from .driver import compile_only, inner_jit, kernel_name
 from .patches import building
 from .shipping import KeyMismatch, ShippedKernel, describe
+from .state import triton_state
 from .versions import launcher_signature, load, make_launcher, triton_key
 from .worker import workers
 
@@ -37,13 +38,6 @@ LAUNCHER_WAIT_SECONDS = 60.0
 
 _triton_key_lock = free_in_child(threading.Lock())
 _load_lock = free_in_child(threading.Lock())
-_launcher_locks: dict[str, threading.Lock] = {}
-_launcher_locks_lock = free_in_child(threading.Lock())
-
-
-@forget_in_child
-def _forget_launcher_locks() -> None:
-    _launcher_locks.clear()  # a child makes its own launchers: none of the parent's may be held there
 
 
 def hash_triton_install() -> None:
@@ -182,8 +176,8 @@ def _make_launcher(kernel: Any) -> None:
 
 
 def _launcher_lock(key: str) -> threading.Lock:
-    with _launcher_locks_lock:
-        return _launcher_locks.setdefault(key, threading.Lock())
+    with triton_state.launcher_locks_lock:
+        return triton_state.launcher_locks.setdefault(key, threading.Lock())
 
 
 def importable_reference(jit: JITFunction) -> tuple[str, str] | None:

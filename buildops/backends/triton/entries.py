@@ -17,7 +17,6 @@ import os
 import platform
 import shutil
 import sys
-import threading
 import uuid
 from collections.abc import Hashable, Iterator, Mapping
 from pathlib import Path
@@ -25,17 +24,16 @@ from typing import Any
 
 from ..._runtime.patching import Patch
 from ..cache_entries import CacheEntries
+from .state import triton_state
 from .versions import GROUP_PREFIX, cache_invalidating_env, compiler_hash, triton_key
 
 __all__ = ["TritonEntries", "collecting"]
-
-_noted = threading.local()  # .entries: the set this thread's block fills, or None outside one
 
 
 def _noting_init(original: Any) -> Any:
     def __init__(self: Any, key: Any, override: bool = False, dump: bool = False) -> None:
         original(self, key, override, dump)
-        entries = getattr(_noted, "entries", None)
+        entries = getattr(triton_state.noted_entries, "entries", None)
         if entries is not None and not override and not dump:
             entries.add(str(key))
     return __init__
@@ -55,14 +53,14 @@ def collecting() -> Iterator[set[str]]:
     """Within the block, the name of each entry of Triton's cache dir this thread opens is added to the set."""
     patch = _init_patch()
     entries: set[str] = set()
-    outer = getattr(_noted, "entries", None)
-    _noted.entries = entries
+    outer = getattr(triton_state.noted_entries, "entries", None)
+    triton_state.noted_entries.entries = entries
     patch.acquire()
     try:
         yield entries
     finally:
         patch.release()
-        _noted.entries = outer
+        triton_state.noted_entries.entries = outer
         if outer is not None:
             outer.update(entries)
 

@@ -20,6 +20,7 @@ from triton.runtime.jit import JITFunction
 from ..._core.build import Outcome
 from ..._runtime.forking import free_in_child
 from ..._runtime.patching import Patch
+from .state import triton_state
 from .versions import INTERPRETER_MODULE
 
 __all__ = ["NOTHING_TO_COMPILE", "InterpretedRun", "innermost", "interpreted", "run_patch", "twin"]
@@ -68,20 +69,17 @@ class InterpretedRun:
         return Outcome(NOTHING_TO_COMPILE, skipped=NOTHING_TO_COMPILE)
 
 
-_patch: Patch | None = None
-_patch_lock = free_in_child(threading.Lock())
-
-
 def run_patch(make: Any) -> Patch | None:
     """The patch of ``InterpretedFunction.run`` that records launches (``make`` builds the replacement, as for
     ``JITFunction.run``), or None while Triton's interpreter is not imported (no kernel is interpreted)."""
-    global _patch
     module = sys.modules.get(INTERPRETER_MODULE)
     if module is None:
         return None
-    with _patch_lock:
-        if _patch is None:
-            _patch = Patch(module.InterpretedFunction, "run", make,
-                           "Triton 3.6-3.7's interpreter runs a launch in Python on the tensors it is given, which "
-                           "on a replay's stand-ins fails: launches are recorded where they would run")
-    return _patch
+    with triton_state.interpreter_patch_lock:
+        patch = triton_state.interpreter_patch
+        if patch is None:
+            patch = triton_state.interpreter_patch = Patch(
+                module.InterpretedFunction, "run", make,
+                "Triton 3.6-3.7's interpreter runs a launch in Python on the tensors it is given, which on a "
+                "replay's stand-ins fails: launches are recorded where they would run")
+    return patch

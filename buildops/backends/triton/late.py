@@ -2,34 +2,23 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from triton import knobs
 
 from ..._core.builder_threads import on_builder_thread
 from ..._core.late import LateCompile, caller, record
-from ..._runtime.forking import free_in_child
-from ..._runtime.hooks import on_reset
 from .labels import compiled_label
+from .state import triton_state
 
-__all__ = ["forget_listed", "listed_by", "note_listed", "watch_late_compiles"]
-
-_listed: dict[str, set[str]] = {}  # kernel -> the ops that listed builds of it
-_listed_lock = free_in_child(threading.Lock())
+__all__ = ["listed_by", "note_listed", "watch_late_compiles"]
 
 
 def note_listed(kernel: str, op: str) -> None:
-    """Note that ``op`` listed builds of ``kernel``, so that a late compile of it names the op."""
-    with _listed_lock:
-        _listed.setdefault(kernel, set()).add(op)
-
-
-@on_reset.add
-def forget_listed() -> None:
-    """Forget which ops listed which kernels (``buildops.testing.reset``)."""
-    with _listed_lock:
-        _listed.clear()
+    """Note that ``op`` listed builds of ``kernel``, so that a late compile of it names the op (forgotten at
+    ``buildops.testing.reset``)."""
+    with triton_state.listed_lock:
+        triton_state.listed.setdefault(kernel, set()).add(op)
 
 
 class _LateCompileHook:
@@ -56,8 +45,8 @@ class _LateCompileHook:
 
 def listed_by(kernel: str) -> tuple[str, ...]:
     """The ops that listed builds of ``kernel``, by name."""
-    with _listed_lock:
-        return tuple(sorted(_listed.get(kernel, ())))
+    with triton_state.listed_lock:
+        return tuple(sorted(triton_state.listed.get(kernel, ())))
 
 
 def watch_late_compiles() -> None:

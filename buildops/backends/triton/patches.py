@@ -17,13 +17,12 @@ from triton.runtime.jit import JITFunction
 
 from ..._runtime.forking import free_in_child
 from ..._runtime.patching import Patch
+from .state import triton_state
 
 __all__ = ["building"]
 
 _parse_lock = free_in_child(threading.RLock())
 _module_load_lock = free_in_child(threading.Lock())
-_held: list[Patch] | None = None  # the patches this Triton needs, found at the first build
-_held_lock = free_in_child(threading.Lock())
 
 
 def _one_parse_at_a_time(original: Any) -> Any:
@@ -67,11 +66,11 @@ def _patches() -> list[Patch]:
 @contextlib.contextmanager
 def building() -> Iterator[None]:
     """Hold both patches for the block (a build's compile and load)."""
-    global _held
-    with _held_lock:
-        if _held is None:
-            _held = _patches()
+    with triton_state.build_patches_lock:
+        held = triton_state.build_patches
+        if held is None:
+            held = triton_state.build_patches = _patches()
     with contextlib.ExitStack() as stack:
-        for patch in _held:
+        for patch in held:
             stack.enter_context(patch.applied())
         yield

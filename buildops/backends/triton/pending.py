@@ -15,12 +15,12 @@ lazy run would have handed it. :class:`PendingKernel` is that object:
   failed, was cancelled or never ran, Triton compiles the kernel right there, as on first use without buildops,
   and the compile counts as late.
 
-The recording that a pending kernel launched in a replay reports to is this context's :data:`active_recording`.
+A pending kernel launched in a replay reports to this context's recording (``triton_state.recording``,
+:mod:`.state`).
 """
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import threading
 from typing import Any, Protocol
@@ -29,20 +29,18 @@ from ..._core.build import Build
 from ..._core.builder_threads import on_builder_thread
 from ..._core.default import current_builder
 from . import worker
+from .state import triton_state
 
-__all__ = ["PendingKernel", "Recorder", "active_recording"]
+__all__ = ["PendingKernel", "Recorder"]
 
 logger = logging.getLogger("buildops")
 
 
 class Recorder(Protocol):
-    """What a pending kernel needs of a recording: the list its builds go to."""
+    """What a pending kernel needs of a recording (``triton_state.recording``: this context's, where launches go
+instead of compiling, or None): the list its builds go to."""
 
     builds: list[Build]
-
-
-#: The recording of this context (thread or task): where launches go instead of compiling, or None.
-active_recording: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("buildops_triton", default=None)
 
 
 class _RecordedLaunch:
@@ -82,7 +80,7 @@ class PendingKernel:
         self._lock = threading.Lock()
 
     def __getitem__(self, grid: Any) -> Any:
-        recording = active_recording.get()
+        recording = triton_state.recording.get()
         if recording is not None:
             return _RecordedLaunch(self._build, recording)
         return self.resolve()[grid]
@@ -91,7 +89,7 @@ class PendingKernel:
         if name.startswith("__"):  # protocols probed by copy, pickle and friends are not the kernel's
             raise AttributeError(name)
         if name == "run" or name in _LAUNCH_ARGUMENTS:
-            recording = active_recording.get()
+            recording = triton_state.recording.get()
             if recording is not None:
                 return _RecordedLaunch(self._build, recording) if name == "run" else None
         return getattr(self.resolve(), name)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,8 +31,6 @@ from triton.runtime.jit import JITFunction
 
 from ..._core.build import Build
 from ..._core.early_starts import recorded
-from ..._runtime.forking import free_in_child
-from ..._runtime.hooks import on_reset
 from ..._runtime.patching import Patch
 from .autotune import config_for_replay, tune_build
 from .build import WarmupRun
@@ -43,9 +40,10 @@ from .interpret import InterpretedRun, interpreted, run_patch, twin
 from .labels import launch_label
 from .late import note_listed
 from .patches import building
-from .pending import PendingKernel, active_recording
+from .pending import PendingKernel
 from .serving import serve
 from .stand_ins import stand_in
+from .state import triton_state
 from .versions import launch_key, launch_specialization
 
 __all__ = ["recording", "serve_after_passes", "triton_builds"]
@@ -95,7 +93,7 @@ class _Recording:
 def _recording_jit_run(original: Any) -> Any:
     """The replacement of ``JITFunction.run`` (and ``InterpretedFunction.run``, whose signature is the same)."""
     def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        recording = active_recording.get()
+        recording = triton_state.recording.get()
         if not isinstance(recording, _Recording):
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
         return recording.add(self, args, kwargs)
@@ -107,7 +105,7 @@ def _recording_autotuner_run(original: Any, serves: bool = True) -> Any:
     recording; elsewhere, for Triton's own, as :func:`.serving.serve` says (after the first pass: no tuning on the
     calling thread at a key no build tuned), and for another class, its own ``run``."""
     def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
-        recording = active_recording.get()
+        recording = triton_state.recording.get()
         if not isinstance(recording, _Recording):
             return serve(self, original, args, kwargs) if serves else original(self, *args, **kwargs)
         first = len(recording.builds)
@@ -135,9 +133,6 @@ _AUTOTUNER_RUN = Patch(Autotuner, "run", _recording_autotuner_run,
                        "as one build per config instead, and after a pass never tunes on a serving thread")
 
 
-_tuner_class_patches: dict[type, Patch] = {}
-
-
 def _tuner_class_patches_now() -> list[Patch]:
     """A patch of ``run`` for each subclass of ``Autotuner`` that overrides it (a library's own tuner, which would
     otherwise time stand-ins in a replay and keep what it timed), made once per class."""
@@ -146,17 +141,13 @@ def _tuner_class_patches_now() -> list[Patch]:
         cls = classes.pop()
         classes.extend(cls.__subclasses__())
         if "run" in cls.__dict__:
-            patch = _tuner_class_patches.get(cls)
+            patch = triton_state.tuner_class_patches.get(cls)
             if patch is None:
-                patch = _tuner_class_patches[cls] = Patch(
+                patch = triton_state.tuner_class_patches[cls] = Patch(
                     cls, "run", lambda original: _recording_autotuner_run(original, serves=False),
                     "a library's Autotuner subclass times its configs at its first launch: recorded as Triton's is")
             found.append(patch)
     return found
-
-
-_serving = False  # whether serve_after_passes holds the patch of Autotuner.run
-_serving_lock = free_in_child(threading.Lock())
 
 
 def serve_after_passes() -> None:
@@ -164,21 +155,11 @@ def serve_after_passes() -> None:
     :func:`.serving.serve` (a late-compile watcher: installed when the first outermost pass ends, until
     ``buildops.testing.reset``). One patch serves both: two of one attribute could only be released in the order
     they were installed."""
-    global _serving
-    with _serving_lock:
-        if _serving:
+    with triton_state.serving_lock:
+        if triton_state.serving_patch is not None:
             return
-        _serving = True
+        triton_state.serving_patch = _AUTOTUNER_RUN  # released by triton_state.reset()
     _AUTOTUNER_RUN.acquire()
-
-
-@on_reset.add
-def _stop_serving() -> None:
-    global _serving
-    with _serving_lock:
-        held, _serving = _serving, False
-    if held:
-        _AUTOTUNER_RUN.release()
 
 
 def _configs_to_build(tuner: Autotuner, args: tuple, kwargs: dict) -> list:
@@ -208,11 +189,11 @@ def recording(op: str) -> Iterator[list[Build]]:
         for patch in (_JIT_RUN, _AUTOTUNER_RUN, run_patch(_recording_jit_run), *_tuner_class_patches_now()):
             if patch is not None:
                 patches.enter_context(patch.applied())
-        token = active_recording.set(recording_)
+        token = triton_state.recording.set(recording_)
         try:
             yield recording_.builds
         finally:
-            active_recording.reset(token)
+            triton_state.recording.reset(token)
 
 
 def triton_builds(op: str, kernel: Any, *args: Any, **kwargs: Any) -> list[Build]:

@@ -12,7 +12,6 @@ key's launches use what that tuning chose. A key no pass listed is a gap in cove
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 from triton.runtime.autotuner import Autotuner
@@ -21,26 +20,16 @@ from ..._config import read_or_default, settings
 from ..._core.builder_threads import on_builder_thread
 from ..._core.default import default_builder
 from ..._core.late import LateCompile, armed, caller, record
-from ..._runtime.forking import free_in_child
-from ..._runtime.hooks import on_reset
 from .autotune import tune_build
 from .driver import inner_jit, kernel_name
 from .late import listed_by
+from .state import triton_state
 from .tunings import known, stand_in_config
 from .versions import tuning_key
 
 __all__ = ["serve"]
 
 logger = logging.getLogger("buildops")
-
-_queued: set[tuple] = set()  # (kernel, key) whose tuning a serving launch asked for (each recorded once)
-_lock = free_in_child(threading.Lock())
-
-
-@on_reset.add
-def _forget_queued() -> None:
-    with _lock:
-        _queued.clear()
 
 
 def serve(tuner: Autotuner, original: Any, args: tuple, kwargs: dict) -> Any:
@@ -70,9 +59,9 @@ def _queue_tuning(tuner: Autotuner, key: tuple, args: tuple, kwargs: dict, origi
     """Queue the tuning of ``key`` (or move it ahead, where a pass queued it), and record it as a late tuning."""
     name = kernel_name(inner_jit(tuner))
     ops = listed_by(name)
-    with _lock:
-        first = (name, key) not in _queued
-        _queued.add((name, key))
+    with triton_state.tunings_queued_lock:
+        first = (name, key) not in triton_state.tunings_queued
+        triton_state.tunings_queued.add((name, key))
     if not first:  # queued, and recorded, by an earlier launch at this key
         return
     listed = False

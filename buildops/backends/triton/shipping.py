@@ -36,9 +36,10 @@ import re
 import sys
 import textwrap
 import types
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
+
+from .state import triton_state
 
 __all__ = ["ShippedKernel", "Unshippable", "describe", "rebuild"]
 
@@ -86,8 +87,8 @@ class ShippedKernel:
 
 # What a description read, as (namespace, name, the object it held): a global of a kernel's module, an attribute of
 # a module it reads through. Triton's cache key does not hold them all (a constexpr read from a module attribute).
+# Kept per kernel in ``triton_state.described``, with its cache key and what it gave.
 Watches = list[tuple[dict[str, Any], str, Any]]
-_described: weakref.WeakKeyDictionary[Any, tuple[str, ShippedKernel | str, Watches]] = weakref.WeakKeyDictionary()
 _MISSING = object()
 
 
@@ -96,7 +97,7 @@ def describe(jit: Any) -> ShippedKernel | str:
     while its ``cache_key`` holds and every global and module attribute it read still holds the same object (one
     changed between two passes is read again: a worker must compile what this process would)."""
     key = jit.cache_key
-    known = _described.get(jit)
+    known = triton_state.described.get(jit)
     if known is not None and known[0] == key and all(namespace.get(name, _MISSING) is value
                                                      for namespace, name, value in known[2]):
         return known[1]
@@ -111,7 +112,7 @@ def describe(jit: Any) -> ShippedKernel | str:
     except Exception as exc:  # noqa: BLE001 - whatever stops a description is a reason to build otherwise
         shipped = f"{type(exc).__name__}: {exc}"
     try:
-        _described[jit] = (key, shipped, watches)
+        triton_state.described[jit] = (key, shipped, watches)
     except TypeError:  # not weakly referenceable: describe again next time
         pass
     return shipped
@@ -272,16 +273,13 @@ def _resolve(module: str, qualname: str) -> Any:
 
 # -- the worker: rebuilding ---------------------------------------------------------------------------------------
 
-_rebuilt: dict[tuple[str, str], Any] = {}  # (root, cache key) -> the rebuilt kernel, reused by later variants
-
-
 def rebuild(shipped: ShippedKernel) -> Any:
     """The kernel ``shipped`` describes, as a ``JITFunction`` whose ``cache_key`` is the parent's.
 
     Raises:
         KeyMismatch: the rebuilt kernel hashes otherwise (something it reads did not travel faithfully).
     """
-    known = _rebuilt.get((shipped.root, shipped.cache_key))
+    known = triton_state.rebuilt.get((shipped.root, shipped.cache_key))
     if known is not None:
         return known
     made: dict[str, Any] = {}
@@ -289,7 +287,7 @@ def rebuild(shipped: ShippedKernel) -> Any:
     if kernel.cache_key != shipped.cache_key:
         raise KeyMismatch(f"{shipped.root}: rebuilt with cache key {kernel.cache_key[:12]}..., the parent's is "
                           f"{shipped.cache_key[:12]}...")
-    _rebuilt[(shipped.root, shipped.cache_key)] = kernel
+    triton_state.rebuilt[(shipped.root, shipped.cache_key)] = kernel
     return kernel
 
 

@@ -19,7 +19,7 @@ import time
 
 from ..._config import triton_executor
 from ..._runtime import gil
-from ..._runtime.forking import forget_in_child
+from .state import triton_state
 
 __all__ = ["start_workers"]
 
@@ -31,9 +31,6 @@ PREPARE_WAIT_SECONDS = 600.0
 PREPARE_POLL_SECONDS = 0.05
 # How long a build of Triton's CUDA helper module may take before it is stopped (its driver then builds it).
 UTILS_WAIT_SECONDS = 60.0
-
-_prepared = False  # what the helper and the background thread do lasts for the process: Triton's cache, the hash
-_prepare_lock = threading.Lock()
 
 
 def start_workers() -> bool:
@@ -47,7 +44,6 @@ def start_workers() -> bool:
     which a replay's first elementwise op on meta tensors needs, then hashes Triton's install. Nothing here touches a
     GPU or imports torch. The helper and the hash run once per process; calling it again starts workers shut down since.
     """
-    global _prepared
     if triton_executor() != "processes":
         return False
     import sysconfig  # here: its import reads the environment, which importing buildops must not
@@ -58,20 +54,12 @@ def start_workers() -> bool:
     # below (sympy's) read it while the engine's own imports (Triton's) may read it too
     sysconfig.get_config_vars()
     workers.start()  # nothing if they run: buildops.shutdown() stops them, and then this starts them again
-    with _prepare_lock:
-        if not _prepared:
+    with triton_state.prepare_lock:
+        if not triton_state.prepared:
             utils = _start_building_triton_utils()
             threading.Thread(target=_prepare_builds, args=(utils,), name="buildops-prepare", daemon=True).start()
-            _prepared = True
+            triton_state.prepared = True
     return True
-
-
-@forget_in_child
-def _forget_the_preparation() -> None:
-    # A forked child has not the parent's preparation thread; its hash and cache are the parent's, but a child
-    # that starts workers of its own prepares again (cheaply: both are done) rather than guess.
-    global _prepared, _prepare_lock
-    _prepared, _prepare_lock = False, threading.Lock()
 
 
 def _prepare_builds(utils: subprocess.Popen | None) -> None:

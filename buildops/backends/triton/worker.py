@@ -14,7 +14,6 @@ import functools
 import importlib
 import logging
 import os
-import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -22,14 +21,12 @@ from typing import Any
 from ..._config import settings
 from ..._runtime.patching import Patch
 from ..._runtime.pools import WorkerPool
+from .state import triton_state
 
 logger = logging.getLogger("buildops")
 
 # The target a worker compiles for until a build names its own, and that the forkserver warms up for.
 _DEFAULT_BACKEND, _DEFAULT_ARCH, _DEFAULT_WARP_SIZE = "cuda", 90, 32
-
-_target: tuple[str, int, int] | None = None  # what this process compiles for, once use_target set it
-_warmed_for: tuple[str, int, int] | None = None  # the target a first compile here (or in the forkserver) was for
 
 
 def start(backend: str = _DEFAULT_BACKEND, arch: int = _DEFAULT_ARCH, warp_size: int = _DEFAULT_WARP_SIZE) -> None:
@@ -40,7 +37,7 @@ def start(backend: str = _DEFAULT_BACKEND, arch: int = _DEFAULT_ARCH, warp_size:
     once (docs/decisions/0002-forkserver-preload.md)."""
     _quiet_notices()
     use_target(backend, arch, warp_size)
-    if _warmed_for == _target:
+    if triton_state.warmed_for == triton_state.worker_target:
         return
     try:
         _compile_a_small_kernel()
@@ -52,24 +49,22 @@ def use_target(backend: str, arch: int, warp_size: int) -> None:
     """Compile for this target from now on, through a compile-only driver (a no-op if it already does). A worker
     serves one parent, so its builds name one target; a kernel compiled before a change would keep the old
     target's binder in Triton's per-device cache."""
-    global _target
-    if _target == (backend, arch, warp_size):
+    if triton_state.worker_target == (backend, arch, warp_size):
         return
     from triton.runtime.driver import driver
 
     from .driver import CompileOnlyDriver  # here: this module is imported by the torch-free pool
 
     driver.set_active(CompileOnlyDriver(backend, arch, warp_size))
-    _target = (backend, arch, warp_size)
+    triton_state.worker_target = (backend, arch, warp_size)
 
 
 def warm_up_compiler() -> None:
     """Pay Triton's one-time costs for the default target (``cuda:90``) in a process that will fork workers."""
-    global _warmed_for
     _quiet_notices()
     use_target(_DEFAULT_BACKEND, _DEFAULT_ARCH, _DEFAULT_WARP_SIZE)
     _compile_a_small_kernel()
-    _warmed_for = _target
+    triton_state.warmed_for = triton_state.worker_target
 
 
 def _quiet_notices() -> None:
@@ -179,9 +174,6 @@ def warmup(jit: Any, args: tuple, kwargs: dict) -> Any:
 
 # -- whether a build compiled or found its artifact cached ----------------------------------------------------
 
-_watched = threading.local()  # .compiles: what this thread's watched block saw, or None outside one
-
-
 class _CompileListener:
     """buildops' ``knobs.compilation.listener``: calls the listener it replaced, then notes ``cache_hit`` for
     the thread watching its compiles (:func:`watching_compiles`), if this is one, and checks the cache entry
@@ -193,7 +185,7 @@ class _CompileListener:
     def __call__(self, **kwargs: Any) -> None:
         if self.previous is not None:
             self.previous(**kwargs)
-        compiles = getattr(_watched, "compiles", None)
+        compiles = getattr(triton_state.watched_compiles, "compiles", None)
         if compiles is not None:
             hit = kwargs.get("cache_hit")
             compiles.append(hit if isinstance(hit, bool) else None)
@@ -229,8 +221,8 @@ def watching_compiles() -> Iterator[list[bool | None]]:
 
     patch = _listener_patch()
     compiles: list[bool | None] = [] if patch is not None else [None]  # no listener: unknown
-    outer = getattr(_watched, "compiles", None)
-    _watched.compiles = compiles
+    outer = getattr(triton_state.watched_compiles, "compiles", None)
+    triton_state.watched_compiles.compiles = compiles
     group = group_patch(_watching)
     group.acquire()
     if patch is not None:
@@ -241,12 +233,12 @@ def watching_compiles() -> Iterator[list[bool | None]]:
         if patch is not None:
             patch.release()
         group.release()
-        _watched.compiles = outer
+        triton_state.watched_compiles.compiles = outer
 
 
 def _watching() -> bool:
     """Whether this thread is in a :func:`watching_compiles` block."""
-    return getattr(_watched, "compiles", None) is not None
+    return getattr(triton_state.watched_compiles, "compiles", None) is not None
 
 
 def found_cached(compiles: list[bool | None]) -> bool | None:
