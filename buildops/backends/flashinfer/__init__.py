@@ -17,8 +17,9 @@ one nvcc of an attention module can take several GiB.
 :func:`buildops.backends.variants.variants` they turn a plan into the builds of the modules it would need.
 
 Its modules: ``builds`` (module builds, their runs and the late-compile watch), ``store`` (a module's library
-shared through the build store), ``build_patch`` (the patches of ``JitSpec.build``, released in order) and
-``versions`` (every reading of FlashInfer's internals, by version).
+shared through the build store), ``build_patch`` (the patches of ``JitSpec.build``, released in order),
+``versions`` (every reading of FlashInfer's internals, by version) and ``state`` (the backend's process-wide state,
+and what a reset and a fork make it forget).
 
 Imported on demand; FlashInfer reads its build settings when it is imported.
 """

@@ -14,8 +14,8 @@ from ..._config import settings
 from ..._core.build import Build, Outcome
 from ..._core.builder_threads import on_builder_thread
 from ..._core.late import LateCompile, caller, record
-from ..._runtime.forking import free_in_child
 from . import build_patch, versions
+from .state import flashinfer_state
 from .store import FlashInferModule
 from .versions import PLAN_LOOKUPS
 
@@ -27,9 +27,6 @@ _MEMORY_PER_BUILD = 4 * _GIB
 # The host's memory where the system does not say.
 _MEMORY_IF_UNKNOWN = 16 * _GIB
 
-_slots: threading.BoundedSemaphore | None = None  # made at the first build, when settings.threads is known
-_slots_lock = free_in_child(threading.Lock())
-
 
 def _concurrent_builds() -> int:
     try:
@@ -40,11 +37,11 @@ def _concurrent_builds() -> int:
 
 
 def _build_slots() -> threading.BoundedSemaphore:
-    global _slots
-    with _slots_lock:
-        if _slots is None:
-            _slots = threading.BoundedSemaphore(_concurrent_builds())
-        return _slots
+    with flashinfer_state.build_slots_lock:
+        slots = flashinfer_state.build_slots
+        if slots is None:
+            slots = flashinfer_state.build_slots = threading.BoundedSemaphore(_concurrent_builds())
+        return slots
 
 
 class _ModuleBuild:
