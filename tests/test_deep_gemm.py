@@ -164,10 +164,10 @@ def test_a_worker_gives_its_cached_gpu_memory_back_after_each_run(fake, monkeypa
     engine and of the gate's checks elsewhere. Here in-process, with the GPU faked: the run, then the emptying."""
     import contextlib
 
-    from buildops.backends.deep_gemm import knobs as deep_gemm_knobs
     from buildops.backends.deep_gemm import runs as deep_gemm
+    from buildops.backends.deep_gemm.state import deep_gemm_state
 
-    monkeypatch.setattr(deep_gemm_knobs, "_worker_defaults", {})  # what a worker notes of its settings
+    monkeypatch.setattr(deep_gemm_state, "worker_defaults", {})  # what a worker notes of its settings
     events = []
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("emptied"))
@@ -513,10 +513,10 @@ def test_builds_run_with_the_engines_deep_gemm_settings(fake, tmp_path, calls, e
 def test_a_worker_puts_back_its_defaults_for_a_build_that_gives_none(fake, tmp_path, calls, monkeypatch):
     """A worker runs builds made under different settings in turn: one the engine gave no settings (it had not
     imported DeepGEMM) runs with the defaults, not with the previous build's."""
-    from buildops.backends.deep_gemm import knobs as deep_gemm_knobs
     from buildops.backends.deep_gemm import runs as deep_gemm
+    from buildops.backends.deep_gemm.state import deep_gemm_state
 
-    monkeypatch.setattr(deep_gemm_knobs, "_worker_defaults", {})
+    monkeypatch.setattr(deep_gemm_state, "worker_defaults", {})
     shape = GemmShape("dense", 256, 128)
     deep_gemm.run_shape_in_worker("fake_deep_gemm", shape, [8], "cpu", 0, (("num_sms", 100),))
     deep_gemm.run_shape_in_worker("fake_deep_gemm", shape, [8], "cpu", 0, ())

@@ -17,8 +17,9 @@ made are part of each build's key and are set in the worker before it runs (:mod
 
 Its modules: ``shapes`` (a model's GEMM shapes and the Ms each is built at), ``builds`` (a build per shape, and
 the op family), ``runs`` (a build's run, in a worker process), ``knobs`` (the process-global settings), ``entries``
-(a build's cache entries, shared through the build store), ``late`` (late compiles) and ``versions`` (every reading
-of DeepGEMM's internals: entry points, settings' names, the cache's layout, its compiler and install).
+(a build's cache entries, shared through the build store), ``late`` (late compiles), ``versions`` (every reading
+of DeepGEMM's internals: entry points, settings' names, the cache's layout, its compiler and install) and ``state``
+(the backend's process-wide state, and what a reset and a fork make it forget).
 
 Imported on demand; ``deep_gemm`` itself is imported only when a build runs.
 """

@@ -19,17 +19,16 @@ import platform
 import shlex
 import shutil
 import subprocess
-import threading
 import uuid
 from collections.abc import Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..._runtime.forking import forget_in_child
 from ..._runtime.toolchain import tool_version
 from ..cache_entries import CacheEntries
 from . import versions
 from .knobs import device_arch
+from .state import deep_gemm_state
 
 __all__ = ["DeepGemmEntries", "entries_being_made", "entry_names", "making_entries"]
 
@@ -42,34 +41,24 @@ def entry_names() -> set[str]:
         return set()
 
 
-_making_lock = threading.Lock()
-_making = [0, 0]  # builds and installs of this process under way now, and begun ever
-
-
-@forget_in_child
-def _forget_making() -> None:
-    global _making_lock
-    _making_lock = threading.Lock()
-    _making[:] = [0, 0]  # a forked child runs none of its parent's builds
-
-
 @contextlib.contextmanager
 def making_entries() -> Iterator[None]:
     """Mark a DeepGEMM build or store install of this process as adding entries to the cache while it runs."""
-    with _making_lock:
-        _making[0] += 1
-        _making[1] += 1
+    state = deep_gemm_state
+    with state.making_lock:
+        state.making_now += 1
+        state.making_ever += 1
     try:
         yield
     finally:
-        with _making_lock:
-            _making[0] -= 1
+        with state.making_lock:
+            state.making_now -= 1
 
 
 def entries_being_made() -> tuple[int, int]:
     """(builds and installs under way now, begun ever): what :func:`making_entries` has marked."""
-    with _making_lock:
-        return _making[0], _making[1]
+    with deep_gemm_state.making_lock:
+        return deep_gemm_state.making_now, deep_gemm_state.making_ever
 
 
 def _nvcc_version() -> str:

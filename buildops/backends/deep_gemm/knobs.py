@@ -19,14 +19,13 @@ from typing import Any
 import torch
 
 from . import versions
+from .state import deep_gemm_state
 
 __all__ = ["DEFAULT_SMS", "Knobs", "device_arch", "device_sms", "engine_knobs", "on_device", "set_in_worker"]
 
 Knobs = tuple[tuple[str, Any], ...]
 
 DEFAULT_SMS = 132  # the multiprocessors of an H100 or H200, where no GPU says
-
-_worker_defaults: dict[str, dict[str, Any]] = {}  # module -> its settings as this process first found them
 
 
 def on_device(device: torch.device) -> contextlib.AbstractContextManager:
@@ -73,8 +72,8 @@ def set_in_worker(deep_gemm: Any, module: str, knobs: Sequence[tuple[str, Any]])
     """Set ``knobs`` in this (worker) process, and the settings they leave out to this process's defaults."""
     # A worker runs builds made under different settings in turn: what a build does not give goes back to the
     # value this worker started with, not to the previous build's.
-    defaults = _worker_defaults.get(module)
-    if defaults is None:
-        defaults = _worker_defaults[module] = dict(_read(module, "cpu", defaults={}))
+    defaults = deep_gemm_state.worker_defaults.get(module)
+    if defaults is None:  # the settings as this process first found them
+        defaults = deep_gemm_state.worker_defaults[module] = dict(_read(module, "cpu", defaults={}))
     for name, value in {**defaults, **dict(knobs)}.items():
         versions.set_knob(deep_gemm, name, value)

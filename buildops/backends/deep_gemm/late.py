@@ -16,48 +16,31 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ..._core.builder_threads import on_builder_thread
 from ..._core.late import LateCompile, LateCompileError, caller, record
-from ..._runtime.forking import free_in_child
-from ..._runtime.hooks import on_reset
 from ..._runtime.patching import Patch
 from . import versions
 from .entries import entries_being_made
+from .state import deep_gemm_state
 
 __all__ = ["note_built", "note_module", "watch_late_compiles"]
 
 
-class _Watch:
-    """What the watch knows, under one lock: the modules to wrap, the patches held, each cache directory as last
-    listed, and the ops whose builds made entries of each kernel."""
-
-    def __init__(self) -> None:
-        self.lock = free_in_child(threading.Lock())
-        self.modules: set[str] = {"deep_gemm"}
-        self.patches: dict[tuple[str, str], Patch] = {}
-        self.listed: dict[Path, tuple[Any, frozenset[str]]] = {}  # directory -> (its stat, its entries)
-        self.ops: dict[str, set[str]] = {}
-
-
-_watch = _Watch()
-
-
 def note_module(module: str) -> None:
     """Watch ``module`` too (the module a DeepGEMM build runs), from the end of the next pass."""
-    with _watch.lock:
-        _watch.modules.add(module)
+    with deep_gemm_state.watch_lock:
+        deep_gemm_state.watched_modules.add(module)
 
 
 def note_built(op: str, entries: Iterable[str]) -> None:
     """Note that a build of ``op`` made ``entries``, so that a late compile of their kernels names the op."""
-    with _watch.lock:
+    with deep_gemm_state.watch_lock:
         for entry in entries:
-            _watch.ops.setdefault(versions.kernel_name(entry), set()).add(op)
+            deep_gemm_state.built_by.setdefault(versions.kernel_name(entry), set()).add(op)
 
 
 def _signature(directory: Path) -> tuple[int, int, int] | None:
@@ -79,21 +62,21 @@ def _entries(directory: Path) -> frozenset[str]:
 
 def _baseline(directory: Path, signature: Any) -> None:
     """Bring the directory's listing up to date before a call, if it changed since it was last listed."""
-    with _watch.lock:
-        known = _watch.listed.get(directory)
+    with deep_gemm_state.watch_lock:
+        known = deep_gemm_state.watch_listed.get(directory)
         if known is not None and known[0] == signature:
             return
     listing = _entries(directory)
-    with _watch.lock:
-        _watch.listed[directory] = (signature, listing)
+    with deep_gemm_state.watch_lock:
+        deep_gemm_state.watch_listed[directory] = (signature, listing)
 
 
 def _appeared(directory: Path, signature: Any) -> list[str]:
     """The entries that appeared since the directory was last listed; it is listed as it is now."""
     listing = _entries(directory)
-    with _watch.lock:
-        known = _watch.listed.get(directory)
-        _watch.listed[directory] = (signature, listing)
+    with deep_gemm_state.watch_lock:
+        known = deep_gemm_state.watch_listed.get(directory)
+        deep_gemm_state.watch_listed[directory] = (signature, listing)
     return sorted(listing - known[1]) if known is not None else []
 
 
@@ -103,8 +86,8 @@ def _report(new: list[str]) -> None:
     first: LateCompileError | None = None
     for entry in new:
         kernel = versions.kernel_name(entry)
-        with _watch.lock:
-            ops = tuple(sorted(_watch.ops.get(kernel, ())))
+        with deep_gemm_state.watch_lock:
+            ops = tuple(sorted(deep_gemm_state.built_by.get(kernel, ())))
         try:
             record(LateCompile("deep_gemm", kernel, entry, ops, where), ("deep_gemm", entry))
         except LateCompileError as error:
@@ -136,24 +119,13 @@ def watch_late_compiles() -> None:
     """Wrap the :data:`.versions.ENTRY_POINTS` of each DeepGEMM module imported now (``deep_gemm`` and any a build
     ran), so that a kernel they compile outside buildops' builds after a pass is recorded as a late compile, until
     ``buildops.testing.reset()``."""
-    with _watch.lock:
-        modules = [sys.modules[name] for name in sorted(_watch.modules) if name in sys.modules]
+    with deep_gemm_state.watch_lock:
+        modules = [sys.modules[name] for name in sorted(deep_gemm_state.watched_modules) if name in sys.modules]
         for module in modules:
             for name in versions.ENTRY_POINTS:
                 key = (module.__name__, name)
-                if key in _watch.patches or not callable(getattr(module, name, None)):
+                if key in deep_gemm_state.watch_patches or not callable(getattr(module, name, None)):
                     continue
                 patch = Patch(module, name, _watched, "DeepGEMM 2.6 has no hook after a kernel compiles")
                 patch.acquire()
-                _watch.patches[key] = patch
-
-
-@on_reset.add
-def _release() -> None:
-    with _watch.lock:
-        for patch in _watch.patches.values():
-            patch.release()
-        _watch.patches.clear()
-        _watch.modules = {"deep_gemm"}
-        _watch.listed.clear()
-        _watch.ops.clear()
+                deep_gemm_state.watch_patches[key] = patch
