@@ -9,6 +9,9 @@ The recorded call never returns: it raises :class:`VariantRecorded`, which ends 
 end of the block. So nothing stands in for a real module, and a cache around the lookup (FlashInfer's getters are
 ``functools.cache``) can never keep a fake: the cached wrapper itself is not touched, only the name the plan looks
 up, and only for the recording thread.
+
+Its process-wide state is one object, :data:`variants_state`, at the end of this module: one module needs no
+``state`` module of its own, and this one imports no library.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._core.build import Build
+from .._runtime.forking import forget_in_child
+from .._runtime.hooks import on_reset
 from .._runtime.patching import Patch
 
 __all__ = ["VariantRecorded", "variants"]
@@ -29,12 +34,6 @@ __all__ = ["VariantRecorded", "variants"]
 
 class VariantRecorded(Exception):
     """Raised by a recorded lookup to end the plan that called it (caught by :func:`variants`)."""
-
-
-_recording: contextvars.ContextVar[tuple[str, list[Build]] | None] = contextvars.ContextVar(
-    "buildops_variants", default=None)
-_lock = threading.Lock()
-_patches: dict[str, Patch] = {}  # one per lookup, held while a block records it
 
 
 def _hashable(value: Any) -> Any:
@@ -49,7 +48,7 @@ def _recorder(lookup: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def lookup_or_record(*args: Any, **kwargs: Any) -> Any:
-            recording = _recording.get()
+            recording = variants_state.recording.get()
             if recording is None:  # another thread, or outside the block: the real lookup
                 return original(*args, **kwargs)
             op, builds = recording
@@ -84,19 +83,45 @@ def variants(op: str, *lookups: str) -> Iterator[list[Build]]:
         op: the op the builds are reported under.
         *lookups: the lookups to record, as dotted paths (``flashinfer.decode.get_batch_decode_module``).
     """
-    with _lock:
+    state = variants_state
+    with state.patches_lock:
         # every one resolved before any is installed: a bad one leaves nothing patched
-        patches = [_patches.get(lookup) or _patch(lookup) for lookup in lookups]
+        patches = [state.patches.get(lookup) or _patch(lookup) for lookup in lookups]
         for lookup, patch in zip(lookups, patches):
-            _patches[lookup] = patch
+            state.patches[lookup] = patch
     builds: list[Build] = []
     with contextlib.ExitStack() as stack:
         for patch in patches:
             stack.enter_context(patch.applied())
-        token = _recording.set((op, builds))
+        token = state.recording.set((op, builds))
         try:
             yield builds
         except VariantRecorded:
             pass
         finally:
-            _recording.reset(token)
+            state.recording.reset(token)
+
+
+class VariantsState:
+    """Variant recording's mutable process-wide state; one instance, :data:`variants_state`."""
+
+    def __init__(self) -> None:
+        # the recording of this context (thread or task): (op, the list its builds go to), or None
+        self.recording: contextvars.ContextVar[tuple[str, list[Build]] | None] = contextvars.ContextVar(
+            "buildops_variants", default=None)
+        # lookup -> its patch, made at its first block and held only while a block records it
+        self.patches: dict[str, Patch] = {}
+        self.patches_lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Nothing for ``buildops.testing.reset()`` to forget: a patch is held only within a block, and the patches
+        made are kept for the next."""
+
+    def after_fork(self) -> None:
+        """In a forked child (its only thread; the parent's lock possibly held): a new lock."""
+        self.patches_lock = threading.Lock()
+
+
+variants_state = VariantsState()
+forget_in_child(variants_state.after_fork)
+on_reset.add(variants_state.reset)
