@@ -20,7 +20,7 @@ from .knobs import (
 from .late import note_module
 from .runs import GemmRun
 from .shapes import GemmShape, checked_grouped, find_gemm_shapes, shape_ms
-from .versions import DEFAULT_ALIGNMENT, KINDS
+from .versions import ALIGNMENT_KNOB, DEFAULT_ALIGNMENT, KINDS, SMS_KNOB
 
 __all__ = ["DeepGemmFamily", "deep_gemm_builds"]
 
@@ -58,8 +58,8 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
     device = torch.device(device)
     knobs = engine_knobs(module, device)
     changed = dict(knobs)
-    sms = changed.get("num_sms") or device_sms(device)
-    align_m = changed.get("mk_alignment_for_contiguous_layout") or DEFAULT_ALIGNMENT
+    sms = changed.get(SMS_KNOB) or device_sms(device)
+    align_m = changed.get(ALIGNMENT_KNOB) or DEFAULT_ALIGNMENT
     note_module(module)
     builds: dict[tuple, Build] = {}
     for shape in shapes:

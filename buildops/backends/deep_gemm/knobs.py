@@ -52,7 +52,7 @@ def engine_knobs(module: str, device: torch.device | str = "cpu") -> Knobs:
     """The settings in force in this process that differ from DeepGEMM's defaults, as ``(name, value)`` pairs
     (none if this process has not imported ``module``)."""
     # A setting with no known default is always taken.
-    return _read(module, device, defaults={**versions.KNOB_DEFAULTS, "num_sms": device_sms(device)})
+    return _read(module, device, defaults={**versions.KNOB_DEFAULTS, versions.SMS_KNOB: device_sms(device)})
 
 
 def _read(module: str, device: torch.device | str, defaults: dict[str, Any]) -> Knobs:

@@ -19,7 +19,7 @@ from .entries import entries_being_made, entry_names, making_entries
 from .knobs import Knobs, on_device, set_in_worker
 from .late import note_built
 from .shapes import GemmShape, align, rows_for
-from .versions import BLOCK, KINDS, MASKED_ROWS, contiguous_alignment
+from .versions import BLOCK, KINDS, MASKED_ROWS, call, contiguous_alignment
 
 __all__ = ["GemmRun", "pool", "run_shape", "run_shape_in_worker"]
 
@@ -96,7 +96,9 @@ def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, res
 
     def run(operands):
         for m in calls:
-            _call(entry, shape, operands, m)
+            masked_m = (torch.full((shape.experts,), m, dtype=torch.int32, device=dev) if shape.kind == "masked"
+                        else None)
+            call(entry, shape.kind, operands, m, masked_m)
 
     # The reserve as an argument, not a settings.scope: scopes are process-wide, and builds run side by side.
     run_admitted(dev, shape.operand_bytes(m_max, align_m), make, run, f"DeepGEMM {KINDS[shape.kind]} {shape}",
@@ -145,14 +147,3 @@ def _operands(shape: GemmShape, m_max: int, device: torch.device, align_m: int) 
         layout[m_max:] = -1
         operands["grouped_layout"] = layout
     return operands
-
-
-def _call(entry, shape: GemmShape, o: dict, m: int) -> None:
-    """One call at ``m`` tokens (``contiguous``: ``m`` rows, a multiple of the alignment)."""
-    if shape.kind == "dense":
-        entry((o["a"][:m], o["a_scale"][:m]), (o["b"], o["b_scale"]), o["d"][:m])
-    elif shape.kind == "contiguous":
-        entry((o["a"][:m], o["a_scale"][:m]), (o["b"], o["b_scale"]), o["d"][:m], o["grouped_layout"][:m])
-    else:
-        masked_m = torch.full((shape.experts,), m, dtype=torch.int32, device=o["a"].device)
-        entry((o["a"], o["a_scale"]), (o["b"], o["b_scale"]), o["d"], masked_m, m)

@@ -11,6 +11,7 @@ mirrors it (``tests/fake_deep_gemm.py``).
 * Its heuristics' block shapes, which the relaxed M sweep covers (``csrc/jit_kernels/heuristics/sm90.hpp``): block
   heights 64, 128 and 256 (and 16 or 32 for the smallest Ms), block widths multiples of 16 up to 256 (up to 192 or
   160 for some kernels: the sweep covers more than it needs).
+* How its entry points take their operands (:func:`call`).
 * Its process-global settings, read and set by name: ``get_``/``set_`` ``num_sms``, ``tc_util`` and
   ``mk_alignment_for_contiguous_layout``; ``set_ignore_compile_dims`` and ``set_block_size_multiple_of`` have no
   getter in 2.6, so they are taken only where a DeepGEMM has one. Defaults: all the GPU's multiprocessors,
@@ -38,10 +39,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BLOCK", "BLOCK_MS", "BLOCK_N_MAX", "BLOCK_N_STEP", "CACHE_DIR_ENV", "DEFAULT_ALIGNMENT",
+__all__ = ["ALIGNMENT_KNOB", "BLOCK", "BLOCK_MS", "BLOCK_N_MAX", "BLOCK_N_STEP", "CACHE_DIR_ENV", "DEFAULT_ALIGNMENT",
            "ENTRY_FILES", "ENTRY_POINTS", "KINDS", "KNOB_DEFAULTS", "KNOBS", "MASKED_ROWS", "SCALE_ROWS_ALIGNMENT",
-           "cache_root", "compile_settings", "contiguous_alignment", "cuda_home", "entries_dir", "include_dir",
-           "is_entry", "kernel_name", "knob_getters", "library_version", "nvcc", "set_knob", "staging_dir"]
+           "SMS_KNOB", "cache_root", "call", "compile_settings", "contiguous_alignment", "cuda_home", "entries_dir",
+           "include_dir", "is_entry", "kernel_name", "knob_getters", "library_version", "nvcc", "set_knob",
+           "staging_dir"]
 
 KINDS = {
     "dense": "fp8_gemm_nt",
@@ -75,13 +77,32 @@ SCALE_ROWS_ALIGNMENT = 4  # each group's rows of a call's MN-major copy of the a
 BLOCK_MS = (64, 128, 256)           # block heights
 BLOCK_N_STEP, BLOCK_N_MAX = 16, 256  # block widths: multiples of 16 up to 256
 
+# -- calling an entry point -----------------------------------------------------------------------------------------
+
+def call(entry: Callable[..., Any], kind: str, operands: dict[str, Any], m: int, masked_m: Any = None) -> None:
+    """One call of ``kind``'s entry point (:data:`KINDS`) at ``m`` tokens, as DeepGEMM takes its operands: the
+    activations and the weights each as a pair (FP8 data, its scales), the BF16 output, then the kind's own
+    arguments (``contiguous``: the rows' expert layout, ``m`` rows, a multiple of the alignment; ``masked``: the
+    rows each expert uses, ``masked_m``, and the expected ``m``). ``operands``: ``a``, ``a_scale``, ``b``,
+    ``b_scale``, ``d`` and, for ``contiguous``, ``grouped_layout``, each as large as the largest call's."""
+    o = operands
+    if kind == "dense":
+        entry((o["a"][:m], o["a_scale"][:m]), (o["b"], o["b_scale"]), o["d"][:m])
+    elif kind == "contiguous":
+        entry((o["a"][:m], o["a_scale"][:m]), (o["b"], o["b_scale"]), o["d"][:m], o["grouped_layout"][:m])
+    else:
+        entry((o["a"], o["a_scale"]), (o["b"], o["b_scale"]), o["d"], masked_m, m)
+
+
 # -- process-global settings ---------------------------------------------------------------------------------------
 
+SMS_KNOB = "num_sms"  # the multiprocessors its kernels are tiled for
+ALIGNMENT_KNOB = "mk_alignment_for_contiguous_layout"  # each expert's rows in the contiguous layout
+
 KNOBS = {
-    "num_sms": ("get_num_sms", "set_num_sms"),
+    SMS_KNOB: ("get_num_sms", "set_num_sms"),
     "tc_util": ("get_tc_util", "set_tc_util"),
-    "mk_alignment_for_contiguous_layout": ("get_mk_alignment_for_contiguous_layout",
-                                           "set_mk_alignment_for_contiguous_layout"),
+    ALIGNMENT_KNOB: ("get_mk_alignment_for_contiguous_layout", "set_mk_alignment_for_contiguous_layout"),
     "ignore_compile_dims": ("get_ignore_compile_dims", "set_ignore_compile_dims"),
     "block_size_multiple_of": ("get_block_size_multiple_of", "set_block_size_multiple_of"),
 }
@@ -89,7 +110,7 @@ KNOBS = {
 
 DEFAULT_ALIGNMENT = 128  # the alignment of each expert's rows in the contiguous layout, by default
 
-KNOB_DEFAULTS: dict[str, Any] = {"tc_util": 100, "mk_alignment_for_contiguous_layout": DEFAULT_ALIGNMENT}
+KNOB_DEFAULTS: dict[str, Any] = {"tc_util": 100, ALIGNMENT_KNOB: DEFAULT_ALIGNMENT}
 """The settings' defaults, where they are fixed (``num_sms``'s is the GPU's multiprocessors)."""
 
 
@@ -106,7 +127,7 @@ def set_knob(module: Any, name: str, value: Any) -> None:
 
 def contiguous_alignment(module: Any) -> int:
     """The alignment of each expert's rows in the contiguous layout now in force."""
-    getter: Any = getattr(module, KNOBS["mk_alignment_for_contiguous_layout"][0], None)
+    getter: Any = getattr(module, KNOBS[ALIGNMENT_KNOB][0], None)
     return int(getter()) if getter is not None else DEFAULT_ALIGNMENT
 
 
