@@ -1,3 +1,5 @@
+import ast
+import contextlib
 import os
 import shutil
 import threading
@@ -22,6 +24,47 @@ def waiting_on(builder):
 
     builder.wait = waits
     return began
+
+
+def in_a_child_forked_while_held(hold, probe, then_in_parent=lambda: None):
+    """What ``probe()`` returns (a literal: bools, numbers, strings, tuples of them) in a child forked while another
+    thread is inside ``hold()``, a context manager; that thread holds on until the child has answered and
+    ``then_in_parent()`` has run."""
+    held, release = threading.Event(), threading.Event()
+
+    def holder_body():
+        with hold():
+            held.set()
+            release.wait(WAIT)
+
+    holder = threading.Thread(target=holder_body)
+    holder.start()
+    try:
+        assert held.wait(WAIT)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.write(write, repr(probe()).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        answer = os.read(read, 4096).decode()
+        os.waitpid(pid, 0)
+        then_in_parent()
+        return ast.literal_eval(answer)
+    finally:
+        release.set()
+        holder.join(WAIT)
+
+
+@contextlib.contextmanager
+def holding(*locks):
+    """Every one of ``locks`` acquired, in order, within the block."""
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock)
+        yield
 
 
 def until(reached, timeout=WAIT):

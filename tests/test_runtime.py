@@ -1,5 +1,6 @@
 """The runtime layer's own mechanisms: patches, the after-fork registry, hooks; and the core's extension registry."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from buildops._runtime import children, forking, gil, patching
 from buildops._runtime.hooks import Hooks
 from buildops._runtime.state import runtime
 
-from conftest import WAIT
+from conftest import WAIT, holding, in_a_child_forked_while_held
 
 
 def _owner():
@@ -100,65 +101,35 @@ def test_every_registered_fork_callback_runs_in_the_child_in_order():
 
 
 def test_a_lock_free_in_child_is_free_in_a_child_forked_while_another_thread_holds_it():
-    import threading
-
     lock, rlock = forking.free_in_child(threading.Lock()), forking.free_in_child(threading.RLock())
-    held, release = threading.Event(), threading.Event()
 
-    def hold():
-        with lock, rlock:
-            held.set()
-            release.wait(10)
+    def still_held_in_parent():
+        assert lock.locked()
 
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert held.wait(10)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            free = lock.acquire(timeout=1) and rlock.acquire(timeout=1)  # the very objects: nothing renamed them
-            os.write(write, b"free" if free else b"held")
-            os._exit(0)
-        os.close(write)
-        assert os.read(read, 10) == b"free"
-        os.waitpid(pid, 0)
-        assert lock.locked()  # the parent's is still held by its thread
-    finally:
-        release.set()
-        holder.join(10)
+    # the very objects: nothing renamed them
+    assert in_a_child_forked_while_held(lambda: holding(lock, rlock),
+                                        lambda: lock.acquire(timeout=1) and rlock.acquire(timeout=1),
+                                        still_held_in_parent)
 
 
 def test_a_child_forked_while_a_thread_holds_the_runtime_state_starts_with_none_of_it_held():
     patch = patching.Patch(_owner(), "fn", lambda fn: fn, "test")
-    held, release = threading.Event(), threading.Event()
+    before = runtime.gil_restore_to or sys.getswitchinterval()  # the interval before the first holder
 
+    @contextlib.contextmanager
     def hold():
-        with gil.holding(), children.building(), runtime.gil_lock, runtime.children_lock, patch._lock:
-            held.set()
-            release.wait(WAIT)
+        with gil.holding(), children.building(), holding(runtime.gil_lock, runtime.children_lock, patch._lock):
+            yield
 
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert held.wait(WAIT)
+    def parents_untouched():
         assert runtime.gil_holders >= 1 and len(runtime.children_running) >= 1
-        before = runtime.gil_restore_to or sys.getswitchinterval()  # the interval before the first holder
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            fresh = (runtime.gil_lock.acquire(timeout=1) and runtime.children_lock.acquire(timeout=1)
-                     and patch._lock.acquire(timeout=1))
-            found = (fresh, runtime.gil_holders, len(runtime.children_running), sys.getswitchinterval() == before)
-            os.write(write, repr(found).encode())
-            os._exit(0)
-        os.close(write)
-        assert os.read(read, 100).decode() == repr((True, 0, 0, True))
-        os.waitpid(pid, 0)
-        assert runtime.gil_holders >= 1 and len(runtime.children_running) >= 1  # the parent's are untouched
-    finally:
-        release.set()
-        holder.join(WAIT)
+
+    def probe():
+        fresh = (runtime.gil_lock.acquire(timeout=1) and runtime.children_lock.acquire(timeout=1)
+                 and patch._lock.acquire(timeout=1))
+        return fresh, runtime.gil_holders, len(runtime.children_running), sys.getswitchinterval() == before
+
+    assert in_a_child_forked_while_held(hold, probe, parents_untouched) == (True, 0, 0, True)
 
 
 def test_hooks_run_each_callback_once_in_order():

@@ -15,7 +15,7 @@ from buildops import LateCompileError, build_pass, late_compiles, report, settin
 from buildops.testing import record_listings
 
 import triton_kernels as K
-from conftest import WAIT
+from conftest import WAIT, holding, in_a_child_forked_while_held
 
 bt = pytest.importorskip("buildops.backends.triton")
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -502,38 +502,14 @@ def test_threads_make_a_shared_launcher_one_at_a_time_and_other_launchers_beside
 
 
 def test_a_forked_child_gets_every_lock_of_the_triton_module_free():
-    import threading as _threading
     names = [(triton_build, "_load_lock"), (triton_build, "_triton_key_lock"), (driver, "_driver_lock"),
              (patches, "_module_load_lock"), (patches, "_parse_lock")]
     names += [(triton_state, name) for name in ("prepare_lock", "serving_lock", "tunings_queued_lock", "listed_lock",
                                                 "launcher_locks_lock", "build_patches_lock", "interpreter_patch_lock")]
-    held, release = _threading.Event(), _threading.Event()
-
-    def hold_them():  # another thread holds them as the process forks
-        locks = [getattr(module, name) for module, name in names]
-        for lock in locks:
-            lock.acquire()
-        held.set()
-        release.wait(WAIT)
-        for lock in locks:
-            lock.release()
-
-    holder = _threading.Thread(target=hold_them)
-    holder.start()
-    try:
-        assert held.wait(WAIT)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            free = all(getattr(module, name).acquire(timeout=1) for module, name in names)
-            os.write(write, b"free" if free else b"held")
-            os._exit(0)
-        os.close(write)
-        assert os.read(read, 10) == b"free"
-        os.waitpid(pid, 0)
-    finally:
-        release.set()
-        holder.join(WAIT)
+    free = in_a_child_forked_while_held(
+        lambda: holding(*(getattr(module, name) for module, name in names)),
+        lambda: all(getattr(module, name).acquire(timeout=1) for module, name in names))
+    assert free
 
 
 def test_threads_parsing_kernels_at_once_never_fail():

@@ -1,8 +1,8 @@
-"""Each backend's process-wide state is one object with a ``reset`` and an ``after_fork``, registered once, in a
-module that imports no library (workers and ``buildops.startup`` import it before torch)."""
+"""Each layer's process-wide state is one object with a ``reset`` and an ``after_fork``, registered once; a
+backend's is in a module that imports no library (workers and ``buildops.startup`` import it before torch)."""
 
 import ast
-import os
+import contextlib
 import pathlib
 import threading
 
@@ -12,7 +12,7 @@ import buildops
 from buildops._runtime import forking
 from buildops._runtime.hooks import on_reset
 
-from conftest import WAIT
+from conftest import holding, in_a_child_forked_while_held
 
 PACKAGE = pathlib.Path(buildops.__file__).parent
 STATE_MODULES = ("backends/triton/state.py", "backends/flashinfer/state.py", "backends/deep_gemm/state.py")
@@ -21,12 +21,14 @@ LIBRARIES = ("torch", "triton", "flashinfer", "deep_gemm")
 
 def _states() -> list:
     pytest.importorskip("triton")
+    from buildops._core.state import core
+    from buildops._runtime.state import runtime
     from buildops.backends.deep_gemm.state import deep_gemm_state
     from buildops.backends.flashinfer.state import flashinfer_state
     from buildops.backends.triton.state import triton_state
     from buildops.backends.variants import variants_state
 
-    return [triton_state, flashinfer_state, deep_gemm_state, variants_state]
+    return [runtime, core, triton_state, flashinfer_state, deep_gemm_state, variants_state]
 
 
 def test_a_state_module_imports_no_library_and_no_module_of_its_package():
@@ -53,35 +55,15 @@ def test_a_forked_child_gets_every_lock_of_each_state_free_and_no_deep_gemm_buil
     states = _states()
     locks = [(state, name) for state in states for name, value in vars(state).items()
              if isinstance(value, type(threading.Lock()))]
-    assert len(locks) >= 12
-    held, release = threading.Event(), threading.Event()
+    assert len(locks) >= 20
 
-    def hold_them():  # another thread holds every lock, and a DeepGEMM build is under way, as the process forks
-        with making_entries():
-            taken = [getattr(state, name) for state, name in locks]
-            for lock in taken:
-                lock.acquire()
-            held.set()
-            release.wait(WAIT)
-            for lock in taken:
-                lock.release()
+    @contextlib.contextmanager
+    def hold():  # another thread holds every lock, and a DeepGEMM build is under way, as the process forks
+        with making_entries(), holding(*(getattr(state, name) for state, name in locks)):
+            yield
 
-    holder = threading.Thread(target=hold_them)
-    holder.start()
-    try:
-        assert held.wait(WAIT)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:  # the counts first: reading them takes one of the locks
-                fresh = entries_being_made() == (0, 0)
-                free = all(getattr(state, name).acquire(timeout=1) for state, name in locks)
-                os.write(write, b"free" if fresh and free else b"held")
-            finally:
-                os._exit(0)
-        os.close(write)
-        assert os.read(read, 10) == b"free"
-        os.waitpid(pid, 0)
-    finally:
-        release.set()
-        holder.join(WAIT)
+    def probe():  # the counts first: reading them takes one of the locks
+        fresh = entries_being_made() == (0, 0)
+        return fresh and all(getattr(state, name).acquire(timeout=1) for state, name in locks)
+
+    assert in_a_child_forked_while_held(hold, probe)
