@@ -34,25 +34,16 @@ ROWS, WIDTH = 4096, 1024
 
 
 def child(arm: str) -> dict:
-    import warnings
-
     import torch
     import torch.nn.functional as F
 
     import buildops._core.listing
     from buildops import BuildConfig, DynamicSpec, lists_kernels
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    import dispatch_library as L
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from listing import dispatch_library_here
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        from buildops.backends.triton import target
-
-        target()  # compile for sm_90 without a GPU
-    with warnings.catch_warnings():  # torch warns that the override replaces its own kernel: it is meant to
-        warnings.simplefilter("ignore", UserWarning)
-        L.register(device.upper())
+    L, device, _ = dispatch_library_here()
     if arm == "torch":
         buildops._core.listing.dynamo_unimported = contextlib.nullcontext  # type: ignore[assignment]
 

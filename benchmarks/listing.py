@@ -27,21 +27,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SWEEP = list(range(16, 4097, 24))
 ROWS, WIDTH, BLOCKS = 4096, 1024, 4
 
 
-def child(arm: str) -> dict:
+def dispatch_library_here() -> tuple[Any, str, Any]:
+    """tests/dispatch_library.py, this machine's device for it (``cpu`` compiles for sm_90 without a GPU) and its
+    aten override registered there (a ``Library``: ``_destroy()`` takes it back)."""
     import warnings
 
     import torch
-    import torch.nn.functional as F
-
-    import buildops
-    import buildops.testing
-    from buildops import BuildConfig, DynamicSpec, lists_kernels, rehearsal
 
     sys.path.insert(0, str(ROOT / "tests"))
     import dispatch_library as L
@@ -50,10 +48,22 @@ def child(arm: str) -> dict:
     if device == "cpu":
         from buildops.backends.triton import target
 
-        target()  # compile for sm_90 without a GPU
+        target()
     with warnings.catch_warnings():  # torch warns that the override replaces its own kernel: it is meant to
         warnings.simplefilter("ignore", UserWarning)
         override = L.register(device.upper())
+    return L, device, override
+
+
+def child(arm: str) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    import buildops
+    import buildops.testing
+    from buildops import BuildConfig, DynamicSpec, lists_kernels, rehearsal
+
+    L, device, override = dispatch_library_here()
 
     def op(fn, name):
         return lists_kernels(BuildConfig(DynamicSpec("x", dim=0, sweep=SWEEP)), output="x", name=name)(fn)

@@ -3,7 +3,8 @@
 Most of torch's meta kernels (``x + y`` on meta tensors is one) are Python references wrapped in
 ``torch._disable_dynamo``, whose first call imports torch's dynamo, and sympy with it, to build the wrapper that
 turns dynamo off while the reference runs: about a second of Python on a replay's thread, in a process that may
-never use dynamo (docs/decisions/0024-meta-kernels-without-dynamo.md).
+never use dynamo (docs/decisions/0024-meta-kernels-without-dynamo.md). Torch wraps the ``__torch_dispatch__`` of
+every dispatch mode the same way, the replay's own router to aten overrides (:mod:`.custom_ops`) among them.
 
 Until dynamo is imported no frame can run under it, so that wrapper would only call the reference. Torch keeps the
 wrapper it builds on the reference (its ``__dynamo_disable`` attribute, read before it imports anything). While a
@@ -90,14 +91,18 @@ def _remove() -> None:
 
 
 def _find() -> Iterator[_UntilDynamo]:
-    """A stand-in for each reference ``torch._disable_dynamo`` wraps among torch's meta kernels."""
+    """A stand-in for each function ``torch._disable_dynamo`` wraps among torch's meta kernels, and for the replay's
+    own dispatch mode (torch wraps every ``TorchDispatchMode``'s ``__torch_dispatch__`` so)."""
     import torch._compile
+
+    from .custom_ops import AtenOverrideRouter
 
     inner_code = _wrapper_code(torch._compile._disable_dynamo)
     if inner_code is None:
         return
     names = inner_code.co_freevars
-    for inner in _wrappers(_meta_kernels(), inner_code):
+    roots = [*_meta_kernels(), vars(AtenOverrideRouter)["__torch_dispatch__"]]
+    for inner in _wrappers(roots, inner_code):
         cells = {name: cell.cell_contents for name, cell in zip(names, inner.__closure__ or ())}
         if isinstance(cells.get("fn"), types.FunctionType):
             yield _UntilDynamo(cells["fn"], bool(cells.get("recursive", True)))
