@@ -49,7 +49,13 @@ def stand_ins():
     return found
 
 result = {}
-if not MORE:  # found ahead, as a start's background thread does; else by the first replay
+if BROKEN:  # a torch whose wrappers cannot be walked: replays go on as without buildops
+    import buildops._core.meta_refs as meta_refs
+    def _find():
+        raise RuntimeError("laid out otherwise")
+        yield
+    meta_refs._find = _find
+elif not MORE:  # found ahead, as a start's background thread does; else by the first replay
     from buildops._core.meta_refs import find_stand_ins
     from buildops._core.state import core
     find_stand_ins()
@@ -57,8 +63,10 @@ if not MORE:  # found ahead, as a start's background thread does; else by the fi
 during = []
 x = torch.zeros(1000)
 builds = op.builds_for(x)
+from buildops._core.state import core
 result.update({"builds": len({b.key for b in builds}), "dynamo": "torch._dynamo" in sys.modules,
-               "stand_ins_during": min(during) > 100, "stand_ins_after": stand_ins()})
+               "stand_ins_during": min(during) > 100, "stand_ins_after": stand_ins(),
+               "replays_running": core.meta_replays})
 if MORE:
     import torch._dynamo
     during.clear()
@@ -71,8 +79,8 @@ print(json.dumps(result))
 """
 
 
-def _probe(more: bool) -> dict:
-    code = f"TESTS = {str(TESTS)!r}\nMORE = {more}\n{PROBE}"
+def _probe(more: bool, broken: bool = False) -> dict:
+    code = f"TESTS = {str(TESTS)!r}\nMORE = {more}\nBROKEN = {broken}\n{PROBE}"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=TESTS.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -81,13 +89,20 @@ def _probe(more: bool) -> dict:
 def test_a_replay_runs_python_meta_kernels_without_importing_dynamo_and_leaves_them_as_they_were():
     result = _probe(more=False)
     assert result == {"found_ahead": True, "builds": 4, "dynamo": False, "stand_ins_during": True,
-                      "stand_ins_after": 0}
+                      "stand_ins_after": 0, "replays_running": 0}
 
 
 def test_after_dynamo_is_imported_replays_and_compiles_run_on_torchs_own_wrappers():
     result = _probe(more=True)
-    assert result == {"builds": 4, "dynamo": False, "stand_ins_during": True, "stand_ins_after": 0, "again": 4,
+    assert result == {"builds": 4, "dynamo": False, "stand_ins_during": True, "stand_ins_after": 0,
+                      "replays_running": 0, "again": 4,
                       "stand_ins_again": 0, "compiled": [4.0, 4.0, 4.0], "stand_ins_end": 0}
+
+
+def test_where_the_wrappers_cannot_be_found_replays_list_the_same_and_import_dynamo_as_before():
+    result = _probe(more=False, broken=True)
+    assert result == {"builds": 4, "dynamo": True, "stand_ins_during": False, "stand_ins_after": 0,
+                      "replays_running": 0}
 
 
 def test_a_stand_in_defers_to_dynamo_once_another_thread_has_imported_it():

@@ -17,6 +17,7 @@ stands in and the first such call imports dynamo as before.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -25,6 +26,8 @@ from typing import Any
 from .state import core
 
 __all__ = ["dynamo_unimported", "find_stand_ins"]
+
+logger = logging.getLogger("buildops")
 
 _CACHE = "__dynamo_disable"  # the attribute torch's wrapper keeps its dynamo-disabled function in
 
@@ -62,7 +65,11 @@ def find_stand_ins() -> None:
 
 def _find_locked() -> list[_UntilDynamo]:
     if core.stand_ins is None and "torch._dynamo" not in sys.modules:
-        core.stand_ins = list(_find())
+        try:
+            core.stand_ins = list(_find())
+        except Exception:  # a torch laid out otherwise: its meta kernels import dynamo, as they do without buildops
+            logger.debug("buildops: finding torch's dynamo-disabled meta kernels failed", exc_info=True)
+            core.stand_ins = []
     return core.stand_ins or []
 
 
