@@ -1,7 +1,9 @@
 import ast
 import contextlib
 import os
+import select
 import shutil
+import signal
 import threading
 import time
 
@@ -49,6 +51,10 @@ def in_a_child_forked_while_held(hold, probe, then_in_parent=lambda: None):
             finally:
                 os._exit(0)
         os.close(write)
+        if not select.select([read], [], [], WAIT)[0]:  # the child hangs (a lock still held there): fail, not hang
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"the forked child gave no answer in {WAIT} s")
         answer = os.read(read, 4096).decode()
         os.waitpid(pid, 0)
         then_in_parent()

@@ -49,7 +49,7 @@ def test_each_state_registers_its_reset_and_after_fork_once():
         assert on_reset._callbacks.count(state.reset) == 1, type(state).__name__
 
 
-def test_a_forked_child_gets_every_lock_of_each_state_free_and_no_deep_gemm_build_under_way():
+def test_a_forked_child_gets_every_lock_of_each_state_free_and_no_build_under_way():
     from buildops.backends.deep_gemm.entries import entries_being_made, making_entries
 
     states = _states()
@@ -57,13 +57,21 @@ def test_a_forked_child_gets_every_lock_of_each_state_free_and_no_deep_gemm_buil
              if isinstance(value, type(threading.Lock()))]
     assert len(locks) >= 20
 
+    from buildops.backends.flashinfer.state import flashinfer_state
+
+    slot = threading.BoundedSemaphore(1)
+
     @contextlib.contextmanager
-    def hold():  # another thread holds every lock, and a DeepGEMM build is under way, as the process forks
-        with making_entries(), holding(*(getattr(state, name) for state, name in locks)):
+    def hold():  # another thread holds every lock, a DeepGEMM build and a FlashInfer build slot, as the process forks
+        with making_entries(), holding(*(getattr(state, name) for state, name in locks)), slot:
             yield
 
     def probe():  # the counts first: reading them takes one of the locks
-        fresh = entries_being_made() == (0, 0)
+        fresh = entries_being_made() == (0, 0) and flashinfer_state.build_slots is None
         return fresh and all(getattr(state, name).acquire(timeout=1) for state, name in locks)
 
-    assert in_a_child_forked_while_held(hold, probe)
+    slots, flashinfer_state.build_slots = flashinfer_state.build_slots, slot
+    try:
+        assert in_a_child_forked_while_held(hold, probe)
+    finally:
+        flashinfer_state.build_slots = slots

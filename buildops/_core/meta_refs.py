@@ -33,17 +33,43 @@ _CACHE = "__dynamo_disable"  # the attribute torch's wrapper keeps its dynamo-di
 
 
 class _UntilDynamo:
-    """Stands in for ``fn``'s dynamo-disabled function while dynamo is not imported."""
+    """Stands in for ``fn``'s dynamo-disabled function while dynamo is not imported; once another thread has imported
+    it, calls the function torch's wrapper would have built (built once)."""
 
     def __init__(self, fn: types.FunctionType, recursive: bool) -> None:
         self.fn, self.recursive = fn, recursive
+        self.disabled: Callable[..., Any] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if "torch._dynamo" in sys.modules:  # another thread imported it: what torch's wrapper calls, built anew
-            import torch._dynamo
+        if "torch._dynamo" not in sys.modules:
+            return self.fn(*args, **kwargs)
+        if self.disabled is None:
+            self.disabled = _dynamo_disabled(self.fn, self.recursive)
+        return self.disabled(*args, **kwargs)
 
-            return torch._dynamo.disable(self.fn, self.recursive)(*args, **kwargs)
-        return self.fn(*args, **kwargs)
+    def put_in(self) -> bool:
+        """Stand in, unless torch's own wrapper is there already (it stays); whether it did."""
+        if _CACHE in self.fn.__dict__:
+            return False
+        self.fn.__dict__[_CACHE] = self
+        return True
+
+    def take_out(self) -> None:
+        """Leave the attribute as torch would have it: torch's own wrapper, if one came since, else none."""
+        if self.fn.__dict__.get(_CACHE) is self:
+            del self.fn.__dict__[_CACHE]
+
+
+def _dynamo_disabled(fn: Callable[..., Any], recursive: bool) -> Callable[..., Any]:
+    """What torch's wrapper builds for ``fn`` once dynamo is imported (without a second ``functools.wraps`` where
+    this torch's ``disable`` takes ``wrapping``, as the wrapper calls it)."""
+    import inspect
+
+    import torch._dynamo
+
+    if "wrapping" in inspect.signature(torch._dynamo.disable).parameters:
+        return torch._dynamo.disable(fn, recursive, wrapping=False)
+    return torch._dynamo.disable(fn, recursive)
 
 
 @contextlib.contextmanager
@@ -79,21 +105,18 @@ def _place() -> None:
         core.meta_replays += 1
         if core.meta_replays > 1 or "torch._dynamo" in sys.modules:
             return
-        for stand_in in _find_locked():
-            if _CACHE not in stand_in.fn.__dict__:  # torch's own wrapper, once built, stays
-                stand_in.fn.__dict__[_CACHE] = stand_in
-                core.stand_ins_placed.append(stand_in)
+        core.stand_ins_placed.extend(stand_in for stand_in in _find_locked() if stand_in.put_in())
 
 
 def _remove() -> None:
     """The last replay to end takes them out: the references are as torch left them."""
     with core.replay_lock:
-        core.meta_replays -= 1
+        # never below 0: a forked child starts at 0, though its forking thread may have been inside a replay
+        core.meta_replays = max(0, core.meta_replays - 1)
         if core.meta_replays:
             return
         for stand_in in core.stand_ins_placed:
-            if stand_in.fn.__dict__.get(_CACHE) is stand_in:
-                del stand_in.fn.__dict__[_CACHE]
+            stand_in.take_out()
         core.stand_ins_placed.clear()
 
 

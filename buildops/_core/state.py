@@ -125,8 +125,8 @@ class CoreState:
 
     def after_fork(self) -> None:
         """In a forked child (its only thread; the parent's locks may be held, so none is taken: each is made
-        anew). The parent's builder, its threads and its stuck runs are not the child's; its ops forget the
-        builds they waited for."""
+        anew). The parent's builder, its threads, its stuck runs and its replays are not the child's; its ops forget
+        the builds they waited for."""
         builder, self.builder = self.builder, None
         if builder is not None:
             for op in list(builder.waiting_ops):
@@ -136,6 +136,10 @@ class CoreState:
             setattr(self, name, threading.Lock())
         self.handed_sweeps = set()
         self.stuck.forget()
+        # A replay running in the parent never ends here: its stand-ins come out now (meta_refs).
+        for stand_in in self.stand_ins_placed:
+            stand_in.take_out()
+        self.stand_ins_placed, self.meta_replays = [], 0
 
     def _free_names_of_collected_ops(self) -> None:
         # Only at a reset, after a collection: never in a serving process at a time a collection happens to choose.

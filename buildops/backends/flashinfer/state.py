@@ -40,9 +40,10 @@ class FlashInferState:
             self.build_patch_purposes.clear()
 
     def after_fork(self) -> None:
-        """In a forked child (its only thread; the parent's locks possibly held): new locks."""
+        """In a forked child (its only thread; the parent's locks possibly held): new locks, and no build slots (those
+        the parent's build threads hold would never be given back here; the child's first build makes its own)."""
         self.build_patch_lock = threading.Lock()
-        self.build_slots_lock = threading.Lock()
+        self.build_slots, self.build_slots_lock = None, threading.Lock()
 
 
 flashinfer_state = FlashInferState()
