@@ -140,12 +140,8 @@ def _find() -> Iterator[_UntilDynamo]:
 
 def _wrapper_code(disable_dynamo: Callable[..., Any]) -> types.CodeType | None:
     """The code of the wrapper ``torch._disable_dynamo`` returns, if it is the one this module knows: a closure
-    over ``fn`` that reads its ``__dynamo_disable`` first; else None."""
-    try:
-        inner = disable_dynamo(lambda: None)
-    except Exception:  # noqa: BLE001 - a torch whose wrapper this module does not know: nothing stands in
-        return None
-    code = getattr(inner, "__code__", None)
+    over ``fn`` that reads its ``__dynamo_disable`` first; else None. (One that raises: see :func:`_find_locked`.)"""
+    code = getattr(disable_dynamo(lambda: None), "__code__", None)
     if code is None or "fn" not in code.co_freevars or _CACHE not in code.co_consts + code.co_names:
         return None
     return code
