@@ -102,6 +102,35 @@ def serve(dg, kind, e, n, k, m):
     return worst
 
 
+def every_m(dg, shape, max_tokens):
+    """Each M a serving call of ``shape`` may have up to ``max_tokens`` tokens (a contiguous shape's: each multiple
+    of the alignment up to its padded rows), on operands of zeros with row-major activation scales."""
+    from buildops.backends.deep_gemm import contiguous_rows
+
+    kb, nb, e = -(-shape.k // 128), -(-shape.n // 128), shape.experts
+    align = dg.get_mk_alignment_for_contiguous_layout()
+    top = contiguous_rows(max_tokens, e, 1, align) if shape.kind == "contiguous" else max_tokens
+    rows = top if shape.kind != "masked" else -(-top // 64) * 64
+    lead = (e,) if shape.kind == "masked" else ()
+    a = torch.zeros(*lead, rows, shape.k, device="cuda").to(FP8)
+    a_sf = torch.ones(*lead, rows, kb, device="cuda")
+    b = torch.zeros(e, shape.n, shape.k, device="cuda").to(FP8)
+    b_sf = torch.ones(e, nb, kb, device="cuda")
+    d = torch.empty(*lead, rows, shape.n, device="cuda", dtype=torch.bfloat16)
+    if shape.kind == "dense":
+        for m in range(1, top + 1):
+            dg.fp8_gemm_nt((a[:m], a_sf[:m]), (b[0], b_sf[0]), d[:m])
+    elif shape.kind == "masked":
+        for m in range(1, top + 1):
+            dg.m_grouped_fp8_gemm_nt_masked((a, a_sf), (b, b_sf), d, torch.full((e,), m, device="cuda",
+                                                                               dtype=torch.int32), m)
+    else:
+        layout = torch.arange(rows, device="cuda", dtype=torch.int32) // align % e
+        for m in range(align, top + 1, align):
+            dg.m_grouped_fp8_gemm_nt_contiguous((a[:m], a_sf[:m]), (b, b_sf), d[:m], layout[:m])
+    torch.cuda.synchronize()
+
+
 def main():
     spec = json.loads(sys.argv[1])
     dg = importlib.import_module("deep_gemm")
@@ -127,6 +156,14 @@ def main():
             worst = max(worst, serve(dg, shape.kind, shape.experts, shape.n, shape.k, m))
     torch.cuda.synchronize()
     ctypes.CDLL(None).fflush(None)
+    if spec.get("every_m"):
+        # DeepGEMM prints the configuration it picks for each new call on stdout, which the test compares with
+        # buildops' reproduction of its choice.
+        os.environ["DG_PRINT_CONFIGS"] = "1"
+        for shape in shapes:
+            every_m(dg, shape, spec["max_tokens"])
+        del os.environ["DG_PRINT_CONFIGS"]
+        ctypes.CDLL(None).fflush(None)
     served_entries = entry_names()
     late_in_sweep = [late.describe() for late in late_compiles()]
 

@@ -8,9 +8,10 @@ which never releases it.
 With ``DG_JIT_CACHE_DIR`` set, it keeps a cache laid out as DeepGEMM's is: a call whose kernel has no
 ``cache/kernel.<name>.<hash>/`` entry "compiles" one (made in ``tmp/`` and renamed into place, with ``kernel.cu``
 and ``kernel.cubin``; ``kernel.cu`` holds the configuration as JSON after ``// config: ``). Kernels carry DeepGEMM's
-SM90 names, and their hash covers a stand-in for the configuration DeepGEMM's heuristics pick, without the raw M:
-as in DeepGEMM, many Ms share one kernel. A row-major (not MN-major, TMA-aligned) fp32 SFA also needs a
-``transpose_fp32`` kernel per ``ceil(K / 128)``. An entry without both files makes a call fail, as DeepGEMM aborts.
+SM90 names, and their hash covers the tiling DeepGEMM's SM90 heuristics pick (buildops' reproduction of them,
+checked against the real library's choices), without the raw M: as in DeepGEMM, many Ms share one kernel. A
+row-major (not MN-major, TMA-aligned) fp32 SFA also needs a ``transpose_fp32`` kernel per ``ceil(K / 128)``. An
+entry without both files makes a call fail, as DeepGEMM aborts.
 """
 
 import ctypes
@@ -23,6 +24,10 @@ import uuid
 from pathlib import Path
 
 import torch
+
+from buildops.backends.deep_gemm.heuristics import tiling
+
+__version__ = "2.6.1"  # the DeepGEMM this fake stands for
 
 _libc = ctypes.PyDLL(None)  # PyDLL: calls keep the GIL, like a C++ binding that never releases it
 
@@ -110,19 +115,16 @@ def _record(fn, kernels, **fields):
             out.write(json.dumps({"fn": fn, "pid": os.getpid(), **fields}) + "\n")
 
 
-def _gemm_config(n, k, groups, block_m, compiled_dims, m):
-    # What DeepGEMM's kernel code depends on, less the details: M enters only through the block height its
-    # heuristics pick, unless compiled_dims names it.
-    config = {"n": n, "k": k, "groups": groups, "block_m": block_m, "num_sms": get_num_sms(),
-              "tc_util": get_tc_util(), "compiled_dims": compiled_dims}
+def _gemm_config(kind, n, k, groups, compiled_dims, m, expected_m=None):
+    # What DeepGEMM's kernel code depends on, less the details: M enters only through the tiling its heuristics
+    # pick (for the expected M where a call gives one), unless compiled_dims names it.
+    picked = tiling(kind, expected_m or m, n, k, groups, get_num_sms(), get_mk_alignment_for_contiguous_layout())
+    config = {"n": n, "k": k, "groups": groups, "block_m": picked.block_m, "block_n": picked.block_n,
+              "cluster": [picked.cluster_m, picked.cluster_n], "num_sms": get_num_sms(), "tc_util": get_tc_util(),
+              "compiled_dims": compiled_dims}
     if "m" in compiled_dims:
         config["m"] = m
     return config
-
-
-def _block_m(m):
-    """The block height of a dense GEMM: DeepGEMM adds 16 and 32 rows for small Ms to its 64 and 128."""
-    return next(b for b in (16, 32, 64) if m <= b) if m <= 64 else 128
 
 
 # -- the checks --------------------------------------------------------------------------------------------------
@@ -229,7 +231,7 @@ def fp8_fp4_gemm_nt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, 
     else:
         _require(d.dtype == torch.bfloat16 and c is None, "the 1D2D kernel writes bf16 and does not accumulate")
         kernel = "sm90_fp8_gemm_1d2d"
-    kernels.append((kernel, _gemm_config(n, k, 1, _block_m(m), compiled_dims, m)))
+    kernels.append((kernel, _gemm_config("dense", n, k, 1, compiled_dims, m)))
     _record("fp8_fp4_gemm_nt", kernels, m=m, n=n, k=k)
 
 
@@ -259,7 +261,7 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, grouped_layout, recipe=None, r
     _require(gran_n == 128, "SM90 grouped GEMMs take 128 x 128 weight scales")
     kernels = _scales(sfa, m, k, gran_m, gran_k, None, "SFA") + _scales(sfb, n, k, gran_n, gran_k, groups, "SFB")
     kernels.append(("sm90_m_grouped_fp8_gemm_contiguous_1d2d",
-                    _gemm_config(n, k, groups, alignment, compiled_dims, m)))
+                    _gemm_config("contiguous", n, k, groups, compiled_dims, m)))
     _record("m_grouped_fp8_fp4_gemm_nt_contiguous", kernels, m=m, n=n, k=k, e=groups)
 
 
@@ -280,8 +282,24 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None,
     _require(gran_n == 128, "SM90 grouped GEMMs take 128 x 128 weight scales")
     kernels = _scales(sfa, m, k, gran_m, gran_k, groups, "SFA") + _scales(sfb, n, k, gran_n, gran_k, groups, "SFB")
     kernels.append(("sm90_fp8_m_grouped_gemm_masked_1d2d",
-                    _gemm_config(n, k, groups, 64 if expected_m <= 64 else 128, compiled_dims, m)))
+                    _gemm_config("masked", n, k, groups, compiled_dims, m, expected_m)))
     _record("m_grouped_fp8_fp4_gemm_nt_masked", kernels, m=expected_m, max_m=m, n=n, k=k, e=groups)
+
+
+def get_mn_major_tma_aligned_tensor(sf):
+    """The scales MN-major, each group's rows padded to a multiple of 4 (TMA-aligned); a copy made by a
+    ``transpose_fp32`` kernel where ``sf`` is contiguous and not so already."""
+    _require(sf.dtype == torch.float32 and sf.dim() in (2, 3), "sf must be a 2-D or 3-D fp32 tensor")
+    mn, sf_k = sf.shape[-2:]
+    kernels = _scales(sf, mn, sf_k * 128, 1, 128, sf.size(0) if sf.dim() == 3 else None, "sf")
+    _record("get_mn_major_tma_aligned_tensor", kernels, mn=mn, sf_k=sf_k)
+    if not kernels and not sf.is_contiguous():
+        return sf
+    aligned = math.ceil(mn / 4) * 4
+    out = torch.empty((*sf.shape[:-2], sf_k, aligned), dtype=sf.dtype, device=sf.device).transpose(-1, -2)
+    out = out[..., :mn, :]
+    out.copy_(sf)
+    return out
 
 
 # The names DeepGEMM binds to the same functions.

@@ -20,8 +20,16 @@ from buildops.backends.deep_gemm import (
     find_gemm_shapes,
     m_values,
 )
+from buildops.backends.deep_gemm.heuristics import tilings
 
 from conftest import WAIT
+
+
+def gemm_builds(*args, **kwargs):
+    """The GEMM builds of ``deep_gemm_builds(*args, **kwargs)``, without the scales' copies."""
+    from buildops.backends.deep_gemm.runs import GemmRun
+
+    return [b for b in deep_gemm_builds(*args, **kwargs) if isinstance(b.run, GemmRun)]
 
 
 @pytest.fixture
@@ -66,8 +74,8 @@ def test_the_contiguous_sweep_reaches_the_rows_of_every_experts_padding():
     """The real DeepGEMM picks a contiguous kernel by the padded rows, which exceed the tokens: 1024 tokens routed
     to 8 experts take up to 1024 + 8 x 127 rows."""
     assert contiguous_rows(1024, 8) == 2048 and contiguous_rows(100, 4, top_k=8, align_m=64) == 1088
-    [build] = deep_gemm_builds([GemmShape("contiguous", 256, 128, 8)], 1024, mode="relaxed", module="fake_deep_gemm",
-                               device="cpu")
+    [build] = gemm_builds([GemmShape("contiguous", 256, 128, 8)], 1024, mode="relaxed", module="fake_deep_gemm",
+                          device="cpu")
     assert max(build.run.ms) == 2048 and set(range(128, 2049, 128)) <= set(build.run.ms)
     with pytest.raises(ValueError, match="top_k=0"):
         deep_gemm_builds([GemmShape("dense", 256, 128)], 8, top_k=0, device="cpu")
@@ -76,8 +84,11 @@ def test_the_contiguous_sweep_reaches_the_rows_of_every_experts_padding():
 def test_builds_dedup_by_shape_and_m_set():
     shapes = [GemmShape("dense", 512, 256)] * 2 + [GemmShape("dense", 256, 512)]
     builds = deep_gemm_builds(shapes, 100, mode="full", module="fake_deep_gemm", device="cpu")
-    assert len(builds) == 2 and all(b.library == "deep_gemm" and not b.uses_gpu for b in builds)
-    again = deep_gemm_builds(shapes[:1], 100, mode="relaxed", module="fake_deep_gemm", device="cpu")
+    assert all(b.library == "deep_gemm" and not b.uses_gpu for b in builds)
+    assert [b.describe() for b in builds] == [
+        "fp8_gemm_nt E=1 N=512 K=256 x 100 M", "fp8_gemm_nt E=1 N=256 K=512 x 100 M",
+        "get_mn_major_tma_aligned_tensor x 2", "get_mn_major_tma_aligned_tensor x 4"]  # a copy per scales' width
+    again = gemm_builds(shapes[:1], 100, mode="relaxed", module="fake_deep_gemm", device="cpu")
     assert again[0].key != builds[0].key  # another M set is another build
 
 
@@ -122,7 +133,7 @@ def test_bad_arguments_name_the_call_the_argument_and_the_fix(make, error):
 def test_the_family_takes_any_sequence_of_layouts_and_integer_token_counts():
     assert DeepGemmFamily(max_tokens=len, grouped=(kind for kind in ["masked"])).grouped == ("masked",)
     assert DeepGemmFamily(max_tokens=len, grouped=["contiguous", "masked"]).grouped == ("contiguous", "masked")
-    [build] = deep_gemm_builds([GemmShape("dense", 512, 256)], torch.tensor(64), module="fake_deep_gemm", device="cpu")
+    [build] = gemm_builds([GemmShape("dense", 512, 256)], torch.tensor(64), module="fake_deep_gemm", device="cpu")
     assert max(build.run.ms) == 64
 
 
@@ -172,9 +183,10 @@ def test_a_worker_gives_its_cached_gpu_memory_back_after_each_run(fake, monkeypa
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("emptied"))
     monkeypatch.setattr(deep_gemm, "run_admitted", lambda *args: events.append("ran"))
-    deep_gemm.run_shape_in_worker("fake_deep_gemm", GemmShape("dense", 256, 128), [1, 2], "cuda:0", 0)
+    shape = GemmShape("dense", 256, 128)
+    deep_gemm.in_worker(deep_gemm.run_shape, "cuda:0", "fake_deep_gemm", shape, [1, 2], "cuda:0", 0, ())
     assert events == ["ran", "emptied"]
-    deep_gemm.run_shape_in_worker("fake_deep_gemm", GemmShape("dense", 256, 128), [1, 2], "cpu", 0)
+    deep_gemm.in_worker(deep_gemm.run_shape, "cpu", "fake_deep_gemm", shape, [1, 2], "cpu", 0, ())
     assert events == ["ran", "emptied", "ran"]  # nothing to give back from the CPU
 
 
@@ -183,11 +195,11 @@ def test_a_family_queues_builds_when_the_model_is_created(calls):
     try:
         with settings.scope(executor="threads"):
             futures = model_created(MoE(), {"max_tokens": 8})  # no pass: straight to the builder
-            assert len(futures) == 3 and buildops.join(timeout=WAIT)
+            assert len(futures) == 3 + 2 and buildops.join(timeout=WAIT)  # and the scales' copies: K 256 and 512
             # the experts' rows: every multiple of 128 up to 8 tokens and 4 experts' padding (640 rows)
-            assert len(calls()) == 2 * len(m_values(8, 512)) + contiguous_rows(8, 4) // 128
+            assert len(calls()) == 2 * len(m_values(8, 512)) + contiguous_rows(8, 4) // 128 + 2
             with buildops.rehearsal("startup"):
-                assert len(model_created(MoE(), {"max_tokens": 16})) == 3
+                assert len(model_created(MoE(), {"max_tokens": 16})) == 3 + 2
             assert buildops.join(timeout=WAIT)
             assert model_created(nn.Linear(4, 4), {"max_tokens": 8}) == []  # not recognised: nothing queued
     finally:
@@ -455,16 +467,79 @@ def test_the_fakes_kernels_are_named_as_deep_gemms_and_many_ms_share_one(fake, t
     with settings.scope(executor="threads"):
         for build in deep_gemm_builds(shapes, 300, mode="full", module="fake_deep_gemm", device="cpu"):
             build.run()
-    assert len(calls()) == 300 + contiguous_rows(300, 3) // 128 + 300  # contiguous: each multiple of 128 rows
-    # a dense kernel per block height (16, 32, 64, 128 rows), one for all the contiguous calls (the alignment is
-    # the block height), one per masked block height (64, 128)
-    assert sorted(c["block_m"] for c in kernels(tmp_path, "sm90_fp8_gemm_1d2d").values()) == [16, 32, 64, 128]
-    assert [c["block_m"] for c in kernels(tmp_path, "sm90_m_grouped_fp8_gemm_contiguous_1d2d").values()] == [128]
-    assert sorted(c["block_m"] for c in kernels(tmp_path, "sm90_fp8_m_grouped_gemm_masked_1d2d").values()) == [64, 128]
-    # the row-major scales of the activations: transposed by one kernel per ceil(K / 128), shared by all
+    # contiguous: each multiple of 128 rows; and the scales' copy
+    assert len(calls()) == 300 + contiguous_rows(300, 3) // 128 + 300 + 1
+    # a kernel per tiling DeepGEMM's heuristics pick, each shared by many Ms
+    for name, kind, ms, groups in [("sm90_fp8_gemm_1d2d", "dense", range(1, 301), 1),
+                                   ("sm90_m_grouped_fp8_gemm_contiguous_1d2d", "contiguous", range(128, 769, 128), 3),
+                                   ("sm90_fp8_m_grouped_gemm_masked_1d2d", "masked", range(1, 301), 2)]:
+        made = {(c["block_m"], c["block_n"], *c["cluster"]) for c in kernels(tmp_path, name).values()}
+        picked = tilings(kind, ms, 256, 384, groups)
+        assert made == {(t.block_m, t.block_n, t.cluster_m, t.cluster_n) for t in picked} and len(made) < len(ms)
+    # the row-major scales of the activations: transposed by one kernel per ceil(K / 128), the scales' copy's build;
+    # the GEMMs' builds give theirs MN-major
     assert [c["sf_k"] for c in kernels(tmp_path, "transpose_fp32").values()] == [3]
-    assert len(kernels(tmp_path)) == 4 + 1 + 2 + 1
+    assert len(kernels(tmp_path)) == len(tilings("dense", range(1, 301), 256, 384)) + 1 + 2 + 1
     assert all(name.startswith(f"kernel.{c['kernel']}.") for name, c in kernels(tmp_path).items())
+
+
+@pytest.fixture
+def sm90(monkeypatch):
+    """Builds made as for an SM90 GPU, which the fake stands for: DeepGEMM's choice of kernel is predicted."""
+    from buildops.backends.deep_gemm import builds
+
+    monkeypatch.setattr(builds, "device_arch", lambda device: "sm_90")
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_predicted_builds_run_once_per_kernel_and_serving_at_any_m_compiles_nothing(fake, sm90, tmp_path, calls,
+                                                                                   executor):
+    from buildops.backends.deep_gemm.runs import GemmRun
+
+    shapes = [GemmShape("dense", 256, 384), GemmShape("contiguous", 256, 384, 3), GemmShape("masked", 256, 384, 2)]
+    rows = contiguous_rows(300, 3, top_k=2)
+    every_m = {"dense": range(1, 301), "contiguous": range(128, rows + 1, 128), "masked": range(1, 301)}
+    builds = deep_gemm_builds(shapes, 300, mode="relaxed", module="fake_deep_gemm", device="cpu", top_k=2)
+    gemms = [b for b in builds if isinstance(b.run, GemmRun)]
+    picked = {s.kind: tilings(s.kind, every_m[s.kind], s.n, s.k, s.experts) for s in shapes}
+    # a build per tiling, running the smallest M of it: every M up to the bound, not only the relaxed sweep's
+    assert sorted((b.run.shape.kind, b.run.ms) for b in gemms) == sorted(
+        (kind, (ms[0],)) for kind, by_tiling in picked.items() for ms in by_tiling.values())
+    assert any("for M 1-" in b.describe() for b in gemms) and any("for rows 128-" in b.describe() for b in gemms)
+    with settings.scope(executor=executor), build_pass("warmup"):
+        for build in builds:
+            buildops._core.default.default_builder().submit(build)
+        assert buildops.join(timeout=WAIT * 6)
+    assert report().total("failed") == 0
+    assert len([c for c in calls() if c["fn"] != "get_mn_major_tma_aligned_tensor"]) == len(gemms)
+    made = set(kernels(tmp_path))
+    assert len(made) == len(gemms) + 1  # and the scales' copy, K / 128 = 3
+
+    # serving, with row-major scales as most engines pass them: every M compiles nothing
+    fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    for m in every_m["dense"]:
+        fake.fp8_gemm_nt(*dense_operands(m, 256, 384))
+    experts = (torch.zeros(3, 256, 384).to(fp8), torch.ones(3, 2, 3))
+    for m in every_m["contiguous"]:
+        layout = torch.arange(m, dtype=torch.int32) // 128 % 3
+        fake.m_grouped_fp8_gemm_nt_contiguous((torch.zeros(m, 384).to(fp8), torch.ones(m, 3)), experts,
+                                              torch.empty(m, 256, dtype=bf16), layout)
+    masked, two_experts = (torch.zeros(2, 320, 384).to(fp8), torch.ones(2, 320, 3)), (experts[0][:2], experts[1][:2])
+    for m in every_m["masked"]:
+        fake.m_grouped_fp8_gemm_nt_masked(masked, two_experts, torch.empty(2, 320, 256, dtype=bf16),
+                                          torch.tensor([m, m // 2], dtype=torch.int32), m)
+    serving = calls()[len(gemms) + 1:]
+    assert len(serving) == 300 + len(every_m["contiguous"]) + 300
+    assert not any(call["compiled"] for call in serving) and set(kernels(tmp_path)) == made
+
+
+def test_a_deep_gemm_whose_choice_is_not_reproduced_runs_every_m_of_the_sweep(fake, sm90, monkeypatch):
+    from buildops.backends.deep_gemm.runs import GemmRun
+
+    monkeypatch.setattr(fake, "__version__", "2.7.0")
+    [build] = [b for b in deep_gemm_builds([GemmShape("dense", 256, 384)], 300, mode="relaxed",
+                                           module="fake_deep_gemm", device="cpu") if isinstance(b.run, GemmRun)]
+    assert build.run.ms == m_values(300, 256, "relaxed") and build.describe().endswith(f"x {len(build.run.ms)} M")
 
 
 def test_scales_deep_gemm_needs_not_transpose_compile_no_transpose(fake, tmp_path):
@@ -518,8 +593,8 @@ def test_a_worker_puts_back_its_defaults_for_a_build_that_gives_none(fake, tmp_p
 
     monkeypatch.setattr(deep_gemm_state, "worker_defaults", {})
     shape = GemmShape("dense", 256, 128)
-    deep_gemm.run_shape_in_worker("fake_deep_gemm", shape, [8], "cpu", 0, (("num_sms", 100),))
-    deep_gemm.run_shape_in_worker("fake_deep_gemm", shape, [8], "cpu", 0, ())
+    deep_gemm.in_worker(deep_gemm.run_shape, "cpu", "fake_deep_gemm", shape, [8], "cpu", 0, (("num_sms", 100),))
+    deep_gemm.in_worker(deep_gemm.run_shape, "cpu", "fake_deep_gemm", shape, [8], "cpu", 0, ())
     assert sorted(c["num_sms"] for c in kernels(tmp_path, "sm90_fp8_gemm_1d2d").values()) == [100, 132]
 
 
@@ -556,7 +631,7 @@ def test_the_identity_covers_deep_gemms_include_dir(fake, monkeypatch, tmp_path)
     assert deep_gemm_versions.include_dir("fake_deep_gemm") == str(Path(fake.__file__).parent / "include")
 
     def identity():
-        [build] = deep_gemm_builds([GemmShape("dense", 256, 128)], 8, module="fake_deep_gemm", device="cpu")
+        [build] = gemm_builds([GemmShape("dense", 256, 128)], 8, module="fake_deep_gemm", device="cpu")
         return build.artifact.identity()
 
     here = identity()

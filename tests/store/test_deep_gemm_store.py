@@ -5,12 +5,14 @@ DeepGEMM cache; the second compiles nothing."""
 import json
 
 import pytest
+import torch
 
 from buildops import settings
 from buildops._core.builder import Builder
 from buildops.backends.deep_gemm import GemmShape, deep_gemm_builds
 from buildops.testing import reset
 
+import fake_deep_gemm
 from conftest import WAIT
 
 SHAPES = [GemmShape("dense", 256, 128), GemmShape("masked", 128, 256, 2)]
@@ -22,14 +24,15 @@ def store_url(request, tmp_path):
     return request.getfixturevalue("redis_url") if request.param == "redis" else f"file://{tmp_path / 'store'}"
 
 
-def node(url, cache, log, monkeypatch, executor, shapes=SHAPES, threads=2):
-    """One node's pass over the shapes; the fake's calls it made, and its builder."""
+def node(url, cache, log, monkeypatch, executor, shapes=SHAPES, threads=2, max_tokens=8):
+    """One node's pass over the shapes (each a build of its GEMM and one of its scales' copy); the fake's calls
+    it made, and its builder."""
     monkeypatch.setenv("DG_JIT_CACHE_DIR", str(cache))
     monkeypatch.setenv("FAKE_DEEP_GEMM_LOG", str(log))
     with settings.scope(store=url, executor=executor):
         builder = Builder(threads=threads)
-        futures = [builder.submit(b) for b in deep_gemm_builds(shapes, 8, mode="full", module="fake_deep_gemm",
-                                                                device="cpu")]
+        futures = [builder.submit(b) for b in deep_gemm_builds(shapes, max_tokens, mode="full",
+                                                                module="fake_deep_gemm", device="cpu")]
         for future in futures:
             future.result(timeout=WAIT * 6)
     builder.shutdown()
@@ -41,10 +44,10 @@ def node(url, cache, log, monkeypatch, executor, shapes=SHAPES, threads=2):
 def test_a_second_node_runs_deep_gemm_without_compiling(store_url, tmp_path, monkeypatch, executor):
     first, first_builder = node(store_url, tmp_path / "a", tmp_path / "a.jsonl", monkeypatch, executor)
     assert first and any(call["compiled"] for call in first)  # Ms that share a kernel compile it once
-    assert first_builder.store_counts().stored == 2
+    assert first_builder.store_counts().stored == 2 + 2
     second, second_builder = node(store_url, tmp_path / "b", tmp_path / "b.jsonl", monkeypatch, executor)
     assert len(second) == len(first) and not any(call["compiled"] for call in second)  # every kernel was there
-    assert second_builder.store_counts().fetched == 2
+    assert second_builder.store_counts().fetched == 2 + 2
     assert sorted(p.name for p in (tmp_path / "b" / "cache").iterdir()) == \
         sorted(p.name for p in (tmp_path / "a" / "cache").iterdir())
     assert not list((tmp_path / "b" / "tmp").glob("buildops-*")), "an install left its staging directory"
@@ -52,20 +55,27 @@ def test_a_second_node_runs_deep_gemm_without_compiling(store_url, tmp_path, mon
 
 def test_an_artifact_that_lacked_an_entry_is_completed_by_the_next_node_that_fetches_it(store_url, tmp_path,
                                                                                      monkeypatch):
-    """Two dense shapes of one K share the kernel that transposes the activations' scales: on the first node the
-    second shape's build finds it made by the first's, so its artifact lacks it. A node that fetches only that
-    artifact compiles it, and stores the artifact again with it: the next node compiles nothing."""
-    shapes = [GemmShape("dense", 256, 128), GemmShape("dense", 512, 128)]
-    _, first = node(store_url, tmp_path / "a", tmp_path / "a.jsonl", monkeypatch, "threads", shapes, threads=1)
-    assert first.store_counts().stored == 2
+    """A build's artifact is the entries that appeared while it ran: on the first node, one of the shape's kernels
+    was in the cache already (a serving call compiled it before any pass), so its artifact lacks it. A node that
+    fetches the artifact compiles that kernel, and stores the artifact again with it: the next node compiles
+    nothing."""
+    shapes = [GemmShape("dense", 256, 384)]  # Ms 1-300 of it pick several tilings, so several kernels
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "a"))
+    fp8 = torch.float8_e4m3fn
+    fake_deep_gemm.fp8_gemm_nt((torch.zeros(300, 384).to(fp8), torch.ones(300, 3)),
+                               (torch.zeros(256, 384).to(fp8), torch.ones(2, 3)),
+                               torch.empty(300, 256, dtype=torch.bfloat16))  # M = 300's kernel, and the copy's
+    _, first = node(store_url, tmp_path / "a", tmp_path / "a.jsonl", monkeypatch, "threads", shapes, threads=1,
+                    max_tokens=300)
+    assert first.store_counts().stored == 1  # the GEMM's build, without M = 300's kernel; the copy made nothing
     compiled = []
     for name in ("b", "c"):
         calls, builder = node(store_url, tmp_path / name, tmp_path / f"{name}.jsonl", monkeypatch, "threads",
-                              shapes[1:])
+                              shapes, threads=1, max_tokens=300)  # one at a time: its new entries are its own
         compiled.append(sorted({entry.split(".")[1] for call in calls for entry in call["compiled"]}))
-        assert builder.store_counts().fetched == 1
-        assert builder.store_counts().stored == (1 if name == "b" else 0)
-    assert compiled == [["transpose_fp32"], []]
+        assert builder.store_counts().fetched == (1 if name == "b" else 2)
+        assert builder.store_counts().stored == (2 if name == "b" else 0)
+    assert compiled == [["sm90_fp8_gemm_1d2d", "transpose_fp32"], []]
 
 
 def test_a_node_stores_what_it_compiled_and_not_what_it_fetched_though_its_builds_overlap(store_url, tmp_path,
@@ -75,7 +85,7 @@ def test_a_node_stores_what_it_compiled_and_not_what_it_fetched_though_its_build
     store."""
     shapes = [GemmShape("dense", 256, 128 * k) for k in range(1, 7)]
     _, first = node(store_url, tmp_path / "a", tmp_path / "a.jsonl", monkeypatch, "threads", shapes, threads=1)
-    assert first.store_counts().stored == len(shapes)
+    assert first.store_counts().stored == 2 * len(shapes)
     monkeypatch.setenv("FAKE_DEEP_GEMM_GIL_SECONDS", "0.02")  # runs long enough to overlap the others'
     more = shapes + [GemmShape("dense", 384, 128 * k) for k in (7, 8)]
     counts = []
@@ -84,4 +94,4 @@ def test_a_node_stores_what_it_compiled_and_not_what_it_fetched_though_its_build
                               threads=4)
         counts.append((builder.store_counts().fetched, builder.store_counts().stored))
         assert name == "b" or not any(call["compiled"] for call in calls)
-    assert counts == [(len(shapes), 2), (len(more), 0)]
+    assert counts == [(2 * len(shapes), 2 + 2), (2 * len(more), 0)]  # GEMMs and the scales' copies

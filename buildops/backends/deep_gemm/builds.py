@@ -1,8 +1,15 @@
-"""DeepGEMM builds: one per weight shape, each running its sweep of Ms (:class:`.runs.GemmRun`), and the op family
-that lists them from a model."""
+"""DeepGEMM builds: one per kernel a weight shape needs (:class:`.runs.GemmRun`), and one per width of the
+activations' scales (:class:`.runs.ScalesRun`); and the op family that lists them from a model.
+
+Where :mod:`.heuristics` reproduces DeepGEMM's choice of kernel (its version and the GPU's architecture), a
+shape's builds are one per tiling its Ms pick, each running the smallest M of its tiling: every M up to the bound
+is covered, and the builds run side by side. Elsewhere a shape's build runs every M of its sweep
+(``BUILDOPS_DEEP_GEMM_M``) one after another."""
 
 from __future__ import annotations
 
+import logging
+import math
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -12,23 +19,29 @@ from torch import nn
 
 from ..._core.build import Build
 from .entries import DeepGemmEntries
+from .heuristics import Tiling, tilings, why_not_predicted
 from .knobs import (
     device_arch,
     device_sms,
     engine_knobs,
 )
 from .late import note_module
-from .runs import GemmRun
-from .shapes import GemmShape, checked_grouped, find_gemm_shapes, shape_ms
-from .versions import ALIGNMENT_KNOB, DEFAULT_ALIGNMENT, KINDS, SMS_KNOB
+from .runs import GemmRun, ScalesRun
+from .shapes import GemmShape, checked_grouped, contiguous_rows, find_gemm_shapes, shape_ms
+from .versions import ALIGNMENT_KNOB, BLOCK, DEFAULT_ALIGNMENT, KINDS, SCALES_COPY, SMS_KNOB, library_version
 
 __all__ = ["DeepGemmFamily", "deep_gemm_builds"]
+
+logger = logging.getLogger("buildops")
+
 
 def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = "deep_gemm",
                      device: torch.device | str | None = None, mode: str | None = None,
                      module: str = "deep_gemm", top_k: int = 1) -> list[Build]:
-    """One build per distinct shape and M set: the shape's DeepGEMM entry point run at every M of the sweep.
-    A ``contiguous`` shape's sweep goes up to :func:`contiguous_rows`: its M is the padded rows, not the tokens.
+    """The builds of ``shapes`` for up to ``max_tokens`` tokens (see the module docstring): a build per kernel
+    where DeepGEMM's choice is predicted, else one per distinct shape and M set; and one per width of the
+    activations' scales. A ``contiguous`` shape's Ms go up to :func:`contiguous_rows`: its M is the padded rows,
+    not the tokens.
 
     Args:
         shapes: the weight shapes to build.
@@ -60,21 +73,50 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
     changed = dict(knobs)
     sms = changed.get(SMS_KNOB) or device_sms(device)
     align_m = changed.get(ALIGNMENT_KNOB) or DEFAULT_ALIGNMENT
+    # The GPU's kind, not its index, in each key: the ranks of a node on GPUs of one kind need the same kernels,
+    # and one key makes one of them compile them (node claims) while the others load them from the shared cache.
+    arch = device_arch(device)
+    why_not = why_not_predicted(library_version(module), arch)
+    if why_not is not None:
+        logger.debug("buildops: DeepGEMM builds run every M of their sweep: %s", why_not)
     note_module(module)
     builds: dict[tuple, Build] = {}
+
+    def add(key: tuple, run: GemmRun | ScalesRun, label: str) -> None:
+        artifact = DeepGemmEntries(key, module, str(device), run)
+        builds[key] = Build(op, key, run, uses_gpu=device.type == "cuda", label=label, library="deep_gemm",
+                            artifact=artifact, abandon=run.abandon)
+
+    widths = set()
     for shape in shapes:
         ms = shape_ms(shape, max_tokens, mode, sms, top_k, align_m)
         if not ms:
             continue
-        # The GPU's kind, not its index: the ranks of a node on GPUs of one kind need the same kernels, and one
-        # key makes one of them compile them (node claims) while the others load them from the shared cache.
-        key = ("deep_gemm", module, shape, ms, knobs, device_arch(device), sms)
-        label = f"{KINDS[shape.kind]} E={shape.experts} N={shape.n} K={shape.k} x {len(ms)} M"
-        run = GemmRun(module, shape, ms, str(device), op, knobs)
-        artifact = DeepGemmEntries(key, module, str(device), run)
-        builds[key] = Build(op, key, run, uses_gpu=device.type == "cuda", label=label, library="deep_gemm",
-                            artifact=artifact, abandon=run.abandon)
+        widths.add(math.ceil(shape.k / BLOCK))
+        name = f"{KINDS[shape.kind]} E={shape.experts} N={shape.n} K={shape.k}"
+        if why_not is not None:
+            add(("deep_gemm", module, shape, ms, knobs, arch, sms),
+                GemmRun(module, str(device), op, knobs, shape=shape, ms=ms), f"{name} x {len(ms)} M")
+            continue
+        for tiling, covered in _by_tiling(shape, max_tokens, top_k, sms, align_m).items():
+            rows = "rows" if shape.kind == "contiguous" else "M"
+            add(("deep_gemm", module, shape, tiling, knobs, arch, sms),
+                GemmRun(module, str(device), op, knobs, shape=shape, ms=(covered[0],)),
+                f"{name} {tiling} for {rows} {covered[0]}-{covered[-1]}")
+    for width in sorted(widths):
+        add(("deep_gemm", module, SCALES_COPY, width, arch),
+            ScalesRun(module, str(device), op, (), scales_per_row=width), f"{SCALES_COPY} x {width}")
     return list(builds.values())
+
+
+def _by_tiling(shape: GemmShape, max_tokens: int, top_k: int, sms: int, align_m: int) -> dict[Tiling, list[int]]:
+    """Every M of a call up to ``max_tokens`` tokens (a contiguous shape's: each multiple of the alignment up to
+    its :func:`contiguous_rows`), by the tiling DeepGEMM picks for it."""
+    if shape.kind == "contiguous":
+        ms = range(align_m, contiguous_rows(max_tokens, shape.experts, top_k, align_m) + 1, align_m)
+    else:
+        ms = range(1, max_tokens + 1)
+    return tilings(shape.kind, ms, shape.n, shape.k, shape.experts, sms, align_m)
 
 
 class DeepGemmFamily:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +19,9 @@ from .entries import entries_being_made, entry_names, making_entries
 from .knobs import Knobs, on_device, set_in_worker
 from .late import note_built
 from .shapes import GemmShape, align, rows_for
-from .versions import BLOCK, KINDS, MASKED_ROWS, call, contiguous_alignment
+from .versions import BLOCK, KINDS, MASKED_ROWS, SCALE_ROWS_ALIGNMENT, SCALES_COPY, call, contiguous_alignment
 
-__all__ = ["GemmRun", "pool", "run_shape", "run_shape_in_worker"]
+__all__ = ["GemmRun", "ScalesRun", "copy_scales", "in_worker", "pool", "run_shape"]
 
 # Worker processes at most: each holds a CUDA context (hundreds of MiB), and DeepGEMM's nvcc runs use several cores.
 _MAX_WORKERS = 4
@@ -31,18 +31,20 @@ pool = WorkerPool("DeepGEMM build", lambda: max(1, min(settings.threads, _MAX_WO
 
 
 @dataclass(frozen=True)
-class GemmRun:
+class _CacheRun:
+    """A build's run (the ``Build`` contract's ``run``): DeepGEMM calls in a worker process (or on a builder thread
+    with ``BUILDOPS_EXECUTOR=threads``) that fill its disk cache; ``entries`` then holds what appeared there."""
+
     module: str
-    shape: GemmShape
-    ms: tuple[int, ...]
     device: str
     op: str
     knobs: Knobs  # engine_knobs(): set in a worker before it runs
-    given_up: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
-    in_worker: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
-    entries: set[str] = field(default_factory=set, compare=False, repr=False)  # new in DeepGEMM's cache (store)
+    given_up: threading.Event = field(default_factory=threading.Event, compare=False, repr=False, kw_only=True)
+    in_worker: threading.Event = field(default_factory=threading.Event, compare=False, repr=False, kw_only=True)
+    # new in DeepGEMM's cache while it ran (shared through the store)
+    entries: set[str] = field(default_factory=set, compare=False, repr=False, kw_only=True)
     # Set when no other build or install of this process ran beside it: its new entries are then its own compiles
-    alone: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    alone: threading.Event = field(default_factory=threading.Event, compare=False, repr=False, kw_only=True)
 
     def abandon(self) -> None:
         """Given up as timed out (``Build`` contract): stop the workers if the run is stuck in one."""
@@ -63,17 +65,55 @@ class GemmRun:
                 if making[0] == 1 and entries_being_made() == making:
                     self.alone.set()
 
+    def _task(self) -> tuple[str, Callable[..., Any], tuple]:
+        """What the run calls: (what it is, the function, its arguments but the reserve and the knobs)."""
+        raise NotImplementedError
+
     def _run(self) -> None:
         reserve = settings.gpu_reserve_mb  # read here: a worker process does not see this process's overrides
+        what, fn, args = self._task()
         if settings.executor == "threads":
-            run_shape(self.module, self.shape, self.ms, self.device, reserve)
+            fn(*args, reserve)
             return
         self.in_worker.set()
         try:
-            pool.run(str(self.shape), run_shape_in_worker, self.module, self.shape, self.ms, self.device, reserve,
-                      self.knobs, given_up=self.given_up)
+            pool.run(what, in_worker, fn, self.device, *args, reserve, self.knobs, given_up=self.given_up)
         finally:
             self.in_worker.clear()
+
+
+@dataclass(frozen=True)
+class GemmRun(_CacheRun):
+    """One weight shape's entry point at each of ``ms``."""
+
+    shape: GemmShape
+    ms: tuple[int, ...]
+
+    def _task(self) -> tuple[str, Callable[..., Any], tuple]:
+        return str(self.shape), run_shape, (self.module, self.shape, self.ms, self.device)
+
+
+@dataclass(frozen=True)
+class ScalesRun(_CacheRun):
+    """DeepGEMM's copy of row-major activation scales into its MN-major, TMA-aligned layout, for ``ceil(K / 128)``
+    scales a row: a kernel of its own per width, which every GEMM given such scales runs first."""
+
+    scales_per_row: int
+
+    def _task(self) -> tuple[str, Callable[..., Any], tuple]:
+        return f"{SCALES_COPY} x {self.scales_per_row}", copy_scales, (self.module, self.scales_per_row, self.device)
+
+
+def in_worker(fn: Callable[..., int], device: str, *args: Any) -> int:
+    """``fn(*args)`` (:func:`run_shape` or :func:`copy_scales`, whose last argument is DeepGEMM's settings for the
+    worker) in a build worker process, whose cached GPU memory on ``device`` then goes back to the driver. Torch
+    keeps freed operands' memory cached in the process that freed them, where only that process can use it: the
+    engine, and the gate's checks in the node's other processes, see what the driver has free."""
+    try:
+        return fn(*args)
+    finally:
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int,
@@ -96,9 +136,12 @@ def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, res
 
     def run(operands):
         for m in calls:
-            masked_m = (torch.full((shape.experts,), m, dtype=torch.int32, device=dev) if shape.kind == "masked"
-                        else None)
-            call(entry, shape.kind, operands, m, masked_m)
+            given, masked_m = operands, None
+            if shape.kind == "masked":
+                masked_m = torch.full((shape.experts,), m, dtype=torch.int32, device=dev)
+            elif m != calls[-1]:  # scales of the call's rows, so that DeepGEMM copies none (a slice it would copy)
+                given = {**operands, "a_scale": _mn_major_scales((), m, math.ceil(shape.k / BLOCK), dev)}
+            call(entry, shape.kind, given, m, masked_m)
 
     # The reserve as an argument, not a settings.scope: scopes are process-wide, and builds run side by side.
     run_admitted(dev, shape.operand_bytes(m_max, align_m), make, run, f"DeepGEMM {KINDS[shape.kind]} {shape}",
@@ -106,17 +149,23 @@ def run_shape(module: str, shape: GemmShape, ms: Sequence[int], device: str, res
     return len(calls)
 
 
-def run_shape_in_worker(module: str, shape: GemmShape, ms: Sequence[int], device: str, reserve_mb: int,
-                        knobs: Sequence[tuple[str, Any]] = ()) -> int:
-    """:func:`run_shape` in a build worker process, with DeepGEMM's settings as ``knobs`` gives them (the others
-    at this worker's defaults), whose cached GPU memory then goes back to the driver. Torch keeps freed operands'
-    memory cached in the process that freed them, where only that process can use it: the engine, and the gate's
-    checks in the node's other processes, see what the driver has free."""
-    try:
-        return run_shape(module, shape, ms, device, reserve_mb, knobs)
-    finally:
-        if torch.device(device).type == "cuda":
-            torch.cuda.empty_cache()
+def copy_scales(module: str, scales_per_row: int, device: str, reserve_mb: int,
+                knobs: Sequence[tuple[str, Any]] | None = None) -> int:
+    """Run DeepGEMM's copy of row-major activation scales ``scales_per_row`` wide (see :class:`ScalesRun`)."""
+    deep_gemm = importlib.import_module(module)
+    dev = torch.device(device)
+    with on_device(dev):
+        if knobs is not None:
+            set_in_worker(deep_gemm, module, knobs)
+    copy = getattr(deep_gemm, SCALES_COPY)
+    rows = SCALE_ROWS_ALIGNMENT  # any rows: the kernel is made for the width
+
+    def make():
+        return torch.ones((rows, scales_per_row), dtype=torch.float32, device=dev)
+
+    run_admitted(dev, 2 * rows * scales_per_row * 4, make, copy, f"DeepGEMM {SCALES_COPY} x {scales_per_row}",
+                 reserve_mb)
+    return 1
 
 
 def _operands(shape: GemmShape, m_max: int, device: torch.device, align_m: int) -> dict:
@@ -127,14 +176,14 @@ def _operands(shape: GemmShape, m_max: int, device: torch.device, align_m: int) 
         # it, and its tiles then read and write across experts.
         max_m = align(m_max, MASKED_ROWS)
         a_shape, d_shape = (shape.experts, max_m, shape.k), (shape.experts, max_m, shape.n)
-        a_scale = (shape.experts, max_m, kb)
+        a_scale = _mn_major_scales((shape.experts,), max_m, kb, device)
     else:
-        a_shape, d_shape, a_scale = (rows, shape.k), (rows, shape.n), (rows, kb)
+        a_shape, d_shape, a_scale = (rows, shape.k), (rows, shape.n), _mn_major_scales((), rows, kb, device)
     b_shape = (shape.n, shape.k) if shape.kind == "dense" else (shape.experts, shape.n, shape.k)
     b_scale = (nb, kb) if shape.kind == "dense" else (shape.experts, nb, kb)
     operands = {
         "a": torch.empty(a_shape, dtype=fp8, device=device),
-        "a_scale": torch.ones(a_scale, dtype=torch.float32, device=device),  # row-major, as most engines pass it
+        "a_scale": a_scale,
         "b": torch.empty(b_shape, dtype=fp8, device=device),
         "b_scale": torch.ones(b_scale, dtype=torch.float32, device=device),
         "d": torch.empty(d_shape, dtype=torch.bfloat16, device=device),
@@ -147,3 +196,11 @@ def _operands(shape: GemmShape, m_max: int, device: torch.device, align_m: int) 
         layout[m_max:] = -1
         operands["grouped_layout"] = layout
     return operands
+
+
+def _mn_major_scales(groups: tuple[int, ...], rows: int, kb: int, device: torch.device) -> torch.Tensor:
+    """Activation scales as DeepGEMM's kernels read them: MN-major, each group's rows padded to a multiple of 4
+    (TMA-aligned). A call given them copies nothing, so a GEMM's build compiles its GEMM alone; the copy's kernel,
+    which engines that pass row-major scales need, is a build of its own (:class:`ScalesRun`)."""
+    padded = align(rows, SCALE_ROWS_ALIGNMENT)
+    return torch.ones((*groups, kb, padded), dtype=torch.float32, device=device).transpose(-1, -2)[..., :rows, :]

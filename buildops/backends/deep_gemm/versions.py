@@ -7,7 +7,9 @@ mirrors it (``tests/fake_deep_gemm.py``).
   may compile a kernel (:data:`ENTRY_POINTS`; a module that lacks one is not watched for it).
 * What its operands must be: FP8 scales per block of 128 along N and K, each expert's rows in the masked layout a
   multiple of 64, and the copy of the activations' scales that a call makes (MN-major, each group's rows padded
-  to a multiple of 4).
+  to a multiple of 4) unless they are so already, with its own kernel per scales' width (``SCALES_COPY``).
+* Which kernel its heuristics pick for a call, in :mod:`.heuristics` (the versions and architectures checked
+  there).
 * Its heuristics' block shapes, which the relaxed M sweep covers (``csrc/jit_kernels/heuristics/sm90.hpp``): block
   heights 64, 128 and 256 (and 16 or 32 for the smallest Ms), block widths multiples of 16 up to 256 (up to 192 or
   160 for some kernels: the sweep covers more than it needs).
@@ -41,9 +43,9 @@ from typing import Any
 
 __all__ = ["ALIGNMENT_KNOB", "BLOCK", "BLOCK_MS", "BLOCK_N_MAX", "BLOCK_N_STEP", "CACHE_DIR_ENV", "DEFAULT_ALIGNMENT",
            "ENTRY_FILES", "ENTRY_POINTS", "KINDS", "KNOB_DEFAULTS", "KNOBS", "MASKED_ROWS", "SCALE_ROWS_ALIGNMENT",
-           "SMS_KNOB", "cache_root", "call", "compile_settings", "contiguous_alignment", "cuda_home", "entries_dir",
-           "include_dir", "is_entry", "kernel_name", "knob_getters", "library_version", "nvcc", "set_knob",
-           "staging_dir"]
+           "SCALES_COPY", "SMS_KNOB", "cache_root", "call", "compile_settings", "contiguous_alignment", "cuda_home",
+           "entries_dir", "include_dir", "is_entry", "kernel_name", "knob_getters", "library_version", "nvcc",
+           "set_knob", "staging_dir"]
 
 KINDS = {
     "dense": "fp8_gemm_nt",
@@ -72,6 +74,7 @@ ENTRY_POINTS = (
 BLOCK = 128               # the scaling block along N and K
 MASKED_ROWS = 64          # what each expert's rows in the masked layout must be a multiple of
 SCALE_ROWS_ALIGNMENT = 4  # each group's rows of a call's MN-major copy of the activations' scales: 16 bytes
+SCALES_COPY = "get_mn_major_tma_aligned_tensor"  # that copy, a kernel per scales' width (``transpose_fp32``)
 
 # The heuristics' block shapes (the relaxed M sweep covers the Ms where their tilings change)
 BLOCK_MS = (64, 128, 256)           # block heights
