@@ -38,3 +38,8 @@ def wait_for_file(path: str) -> None:
 def append_line(path: str, line: str) -> None:
     with open(path, "a") as f:
         f.write(line + "\n")
+
+
+def pid_after(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()

@@ -712,3 +712,71 @@ def test_a_call_during_a_deep_gemm_build_reports_nothing(watched_fake, tmp_path)
     assert buildops.late_compiles() == [] and kernels(tmp_path)
     fake.fp8_gemm_nt(*dense_operands(20, 256, 512))  # none under way: a late compile, of the GEMM and transpose
     assert sorted(late.kernel for late in buildops.late_compiles()) == ["sm90_fp8_gemm_1d2d", "transpose_fp32"]
+
+
+# -- the worker pool's size ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("free_before_mib, free_after_mib, held_after_mib, workers, context_mib", [
+    (40_000, 39_300, 1_200, 12, 500),  # room for 76 more contexts: as many workers as builder threads
+    (3_224, 2_524, 1_200, 4, 500),     # 1,500 MiB beyond the reserve: 3 more contexts
+    (40_000, 40_000, 1_000, 12, 256),  # the engine freed memory meanwhile: a context taken at the floor, not at 0
+    (1_300, 600, 1_200, 1, 500),       # less than the reserve left: the first worker alone
+])
+def test_the_deep_gemm_pool_holds_as_many_contexts_as_free_memory_allows(monkeypatch, caplog, free_before_mib,
+                                                                          free_after_mib, held_after_mib, workers,
+                                                                          context_mib):
+    """The first worker opens its CUDA context alone; what the driver's free memory lost, less what this process's
+    torch allocated meanwhile, is a context's size, and the free memory left beyond the reserve sets how many
+    more workers run."""
+    from buildops.backends.deep_gemm import workers as deep_gemm_workers
+
+    mib = 1 << 20
+    readings = iter([(free_before_mib * mib, 1_000 * mib), (free_after_mib * mib, held_after_mib * mib)])
+    monkeypatch.setattr(deep_gemm_workers, "_memory", lambda device: next(readings))
+
+    class Pool:
+        calls, limits = [], []
+
+        def run(self, what, fn, *args):
+            self.calls.append((what, fn, args))
+
+        def limit(self, calls):
+            self.limits.append(calls)
+
+    monkeypatch.setattr(deep_gemm_workers, "pool", Pool())
+    with settings.scope(threads=12, gpu_reserve_mb=1024), caplog.at_level("INFO", logger="buildops"):
+        sizing = deep_gemm_workers.sized("cuda:0")
+        assert deep_gemm_workers.sized("cuda:0") is sizing  # once per process
+    assert (sizing.workers, sizing.context_bytes) == (workers, context_mib * mib)
+    assert Pool.calls == [("a CUDA context", deep_gemm_workers.open_context, ("cuda:0",))] and Pool.limits == [workers]
+    assert f"up to {workers} DeepGEMM worker processes" in caplog.text and f"takes {context_mib} MiB" in caplog.text
+    buildops.testing.reset()
+    assert deep_gemm_workers.deep_gemm_state.sizing is None
+
+
+def test_without_a_gpu_the_deep_gemm_pool_runs_a_build_per_builder_thread():
+    from buildops.backends.deep_gemm import workers as deep_gemm_workers
+
+    with settings.scope(threads=3):
+        assert deep_gemm_workers.sized("cpu") == deep_gemm_workers.Sizing(3)
+    buildops.testing.reset()
+
+
+def test_the_deep_gemm_workers_stop_once_idle_and_start_again_for_a_later_build(fake, monkeypatch, calls):
+    """Their CUDA contexts must not hold GPU memory into serving."""
+    import time
+
+    from buildops.backends.deep_gemm import workers as deep_gemm_workers
+
+    monkeypatch.setattr(deep_gemm_workers, "IDLE_STOP_SECONDS", 0.2)
+    first, second = (gemm_builds([GemmShape("dense", 256, k)], 4, mode="full", module="fake_deep_gemm",
+                                 device="cpu")[0] for k in (128, 256))
+    with settings.scope(executor="processes"):
+        first.run()
+        deadline = time.monotonic() + WAIT
+        while deep_gemm_workers.pool.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not deep_gemm_workers.pool.started
+        second.run()
+    pids = [{c["pid"] for c in calls() if c["k"] == k} for k in (128, 256)]
+    assert all(len(p) == 1 for p in pids) and pids[0] != pids[1] and os.getpid() not in pids[0] | pids[1]

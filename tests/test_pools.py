@@ -607,3 +607,25 @@ def test_a_call_for_an_urgent_build_gets_the_next_free_worker(tmp_path):
     finally:
         gate.touch()
         pool.shutdown()
+
+
+def test_a_limit_runs_fewer_calls_at_once_and_starts_fewer_workers():
+    """A pool of 3 workers limited to 1 call at once runs calls one after another in one worker; raised to 3, it
+    starts the other two as calls come."""
+    import concurrent.futures
+    import time
+
+    import pool_tasks
+
+    pool = WorkerPool("test", lambda: 3)
+    try:
+        pool.limit(1)  # before the pool starts, as DeepGEMM's sizing does after its first call
+        with concurrent.futures.ThreadPoolExecutor(3) as callers:
+            start = time.monotonic()
+            pids = list(callers.map(lambda _: pool.run("a pid", pool_tasks.pid_after, 0.3), range(3)))
+            assert len(set(pids)) == 1 and time.monotonic() - start >= 0.9
+            pool.limit(3)
+            pids = list(callers.map(lambda _: pool.run("a pid", pool_tasks.pid_after, 0.5), range(3)))
+        assert len(set(pids)) == 3
+    finally:
+        pool.shutdown()

@@ -92,6 +92,8 @@ class WorkerPool:
         self._hooked = False
         self._main_ran: str | None = None  # why every call fails at once: a worker imported the main module
         self._turns = Turns()  # one call per worker at a time, urgent builds first
+        self._limit: int | None = None  # fewer calls at once than workers, where limit() said so
+        self._size = 0  # the workers of the pool now started
 
     @property
     def started(self) -> bool:
@@ -118,7 +120,8 @@ class WorkerPool:
         pool = concurrent.futures.ProcessPoolExecutor(
             max_workers=workers, mp_context=context(self._preload, self._preload_first),
             initializer=self._worker_start())
-        self._turns.set_limit(workers)
+        self._size = workers
+        self._turns.set_limit(min(workers, self._limit or workers))
         if self._warm_up is not None:
             self._starting = [pool.submit(self._warm_up) for _ in range(workers)]
             if self._starting:  # a start that fails for want of the main guard is said now, not later
@@ -172,6 +175,15 @@ class WorkerPool:
             with self._launch_lock:
                 if self._launcher is me:  # not a launch that start() began after a shutdown()
                     self._launcher = None
+
+    def limit(self, calls: int) -> None:
+        """At most ``calls`` calls at once from now on (and at most the pool's workers). A pool that is not warmed
+        up starts its workers as calls come (``ProcessPoolExecutor`` spawns one where none is idle), so fewer calls
+        at once start fewer workers."""
+        self._limit = max(1, calls)
+        with self._lock:
+            if self._pool is not None:
+                self._turns.set_limit(min(self._size, self._limit))
 
     def warm(self) -> bool:
         """True once the workers have started and every one warmed up without error."""
@@ -320,7 +332,7 @@ class WorkerPool:
     def _forget(self) -> None:
         self._lock, self._launch_lock, self._launcher = threading.Lock(), threading.Lock(), None
         self._pool, self._starting, self._alone, self._stopping = None, [], set(), []
-        self._main_ran, self._turns = None, Turns()
+        self._main_ran, self._turns, self._limit = None, Turns(), None
         if self._preload:
             _forget_the_forkserver()
 

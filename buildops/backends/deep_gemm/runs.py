@@ -14,19 +14,14 @@ import torch
 
 from ..._config import settings
 from ..._runtime.gpu import run_admitted
-from ..._runtime.pools import WorkerPool
 from .entries import entries_being_made, entry_names, making_entries
 from .knobs import Knobs, on_device, set_in_worker
 from .late import note_built
 from .shapes import GemmShape, align, rows_for
 from .versions import BLOCK, KINDS, MASKED_ROWS, SCALE_ROWS_ALIGNMENT, SCALES_COPY, call, contiguous_alignment
+from .workers import in_use, pool, sized
 
-__all__ = ["GemmRun", "ScalesRun", "copy_scales", "in_worker", "pool", "run_shape"]
-
-# Worker processes at most: each holds a CUDA context (hundreds of MiB), and DeepGEMM's nvcc runs use several cores.
-_MAX_WORKERS = 4
-
-pool = WorkerPool("DeepGEMM build", lambda: max(1, min(settings.threads, _MAX_WORKERS)))
+__all__ = ["GemmRun", "ScalesRun", "copy_scales", "in_worker", "run_shape"]
 
 
 
@@ -77,7 +72,9 @@ class _CacheRun:
             return
         self.in_worker.set()
         try:
-            pool.run(what, in_worker, fn, self.device, *args, reserve, self.knobs, given_up=self.given_up)
+            with in_use():
+                sized(self.device)
+                pool.run(what, in_worker, fn, self.device, *args, reserve, self.knobs, given_up=self.given_up)
         finally:
             self.in_worker.clear()
 

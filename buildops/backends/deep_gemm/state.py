@@ -3,7 +3,7 @@ calls, what ``buildops.testing.reset()`` makes it forget (:meth:`DeepGemmState.r
 drops (:meth:`DeepGemmState.after_fork`).
 
 Imports neither torch nor DeepGEMM: the patches it releases at a reset it asks to release themselves. The worker
-pool (``runs.pool``) registers its own lifecycle.
+pool (``workers.pool``) registers its own lifecycle.
 """
 
 from __future__ import annotations
@@ -44,10 +44,16 @@ class DeepGemmState:
         # knobs, in a worker: module -> its settings as this process first found them (a build that gives none of
         # one gets this back)
         self.worker_defaults: dict[str, dict[str, Any]] = {}
+        # workers: how the worker pool was sized (``workers.Sizing``), once per process; the builds using the pool
+        # now, and the timer that stops its workers once none has for a while; the one lock of the three
+        self.sizing: Any = None
+        self.runs_in_pool = 0
+        self.idle_timer: threading.Timer | None = None
+        self.sizing_lock = threading.Lock()
 
     def reset(self) -> None:
-        """Stop watching for late compiles (release the patches) and forget what the watch noted: what
-        ``buildops.testing.reset()`` must forget."""
+        """Stop watching for late compiles (release the patches), forget what the watch noted and how the worker
+        pool was sized: what ``buildops.testing.reset()`` must forget."""
         with self.watch_lock:
             for patch in self.watch_patches.values():
                 patch.release()
@@ -55,6 +61,11 @@ class DeepGemmState:
             self.watched_modules = {_FIRST_WATCHED}
             self.watch_listed.clear()
             self.built_by.clear()
+        with self.sizing_lock:
+            self.sizing = None
+            if self.idle_timer is not None:
+                self.idle_timer.cancel()
+                self.idle_timer = None
 
     def after_fork(self) -> None:
         """In a forked child (its only thread; the parent's locks possibly held): new locks, and no builds under
@@ -62,6 +73,8 @@ class DeepGemmState:
         self.making_lock = threading.Lock()
         self.making_now = self.making_ever = 0
         self.watch_lock = threading.Lock()
+        # the parent's workers, and their timer, are not the child's
+        self.sizing, self.runs_in_pool, self.idle_timer, self.sizing_lock = None, 0, None, threading.Lock()
 
 
 deep_gemm_state = DeepGemmState()
