@@ -3,6 +3,7 @@ installed on the CPU machines)."""
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -780,3 +781,48 @@ def test_the_deep_gemm_workers_stop_once_idle_and_start_again_for_a_later_build(
         second.run()
     pids = [{c["pid"] for c in calls() if c["k"] == k} for k in (128, 256)]
     assert all(len(p) == 1 for p in pids) and pids[0] != pids[1] and os.getpid() not in pids[0] | pids[1]
+
+
+# -- manifests ----------------------------------------------------------------------------------------------------
+
+def test_a_manifest_prebuilds_the_same_deep_gemm_kernels_on_a_machine_that_never_ran_the_pass(fake, sm90, tmp_path,
+                                                                                            monkeypatch):
+    """``buildops prebuild`` of a pass's manifest, into an empty cache: the same kernels, each once; then nothing
+    left to compile."""
+    from buildops.manifests import load_manifest, prebuild, save_manifest
+
+    shapes = [GemmShape("dense", 256, 384), GemmShape("contiguous", 256, 384, 3)]
+    with settings.scope(executor="threads"), build_pass("warmup"):
+        builds = deep_gemm_builds(shapes, 300, module="fake_deep_gemm", device="cpu", top_k=2)
+        for build in builds:
+            buildops._core.default.default_builder().submit(build)
+        assert buildops.join(timeout=WAIT * 6)
+    made = set(kernels(tmp_path))
+    manifest = save_manifest(tmp_path / "manifest.json")
+    assert {e["label"] for e in load_manifest(manifest)} == {b.describe() for b in builds}
+    assert all("not_prebuilt" not in e for e in load_manifest(manifest))
+    buildops.testing.reset()
+
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "elsewhere"))
+    with settings.scope(executor="threads"):
+        outcome = prebuild(manifest)
+        assert (outcome.compiled, outcome.failed, outcome.refused) == (len(builds), [], [])
+        assert {e.name for e in (tmp_path / "elsewhere" / "cache").iterdir()} == made
+        buildops.testing.reset()
+        assert prebuild(manifest).cached == len(builds)
+    buildops.testing.reset()
+
+
+@pytest.mark.parametrize("edit, refused", [
+    ({"arch": "sm_100"}, "made for sm_100, and this machine's device is cpu"),
+    ({"sms": 160}, "tiled for 160 multiprocessors, and this GPU has 132"),
+    ({"version": "2.5.0", "identity": "0" * 64}, "another DeepGEMM install.*2.5.0 there, 2.6.1 here"),
+    ({"module": "no_such_deep_gemm"}, "DeepGEMM is not installed here"),
+])
+def test_a_deep_gemm_entry_this_machine_would_build_otherwise_is_refused(fake, edit, refused):
+    from buildops.backends.deep_gemm.recipes import entry, prebuild_build
+
+    [build, *_] = deep_gemm_builds([GemmShape("dense", 256, 384)], 8, module="fake_deep_gemm", device="cpu")
+    assert not isinstance(prebuild_build(entry(build)), str)  # as saved: built again here
+    reason = prebuild_build({**entry(build), **edit})
+    assert isinstance(reason, str) and re.search(refused, reason), reason

@@ -34,5 +34,6 @@ register(Backend(
 register(Backend(
     "deep_gemm", "deep_gemm",
     late_watchers=("buildops.backends.deep_gemm.late:watch_late_compiles",),
+    recipes="buildops.backends.deep_gemm.recipes",
     cache="buildops.backends.deep_gemm.versions:cache_root",
 ))

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..._config import settings
+from ..._core.build import Outcome
 from ..._runtime.gpu import run_admitted
 from .entries import entries_being_made, entry_names, making_entries
 from .knobs import Knobs, on_device, set_in_worker
@@ -47,7 +48,7 @@ class _CacheRun:
         if self.in_worker.is_set():
             pool.stop_workers()
 
-    def __call__(self) -> None:
+    def __call__(self) -> Outcome:
         with making_entries():
             making = entries_being_made()
             before = entry_names()
@@ -59,6 +60,9 @@ class _CacheRun:
                 note_built(self.op, made)
                 if making[0] == 1 and entries_being_made() == making:
                     self.alone.set()
+        # Nothing new in the cache: its kernels were there. Something new: its own compiles where it ran alone,
+        # else maybe another build's.
+        return Outcome(cached=True if not made else False if self.alone.is_set() else None)
 
     def _task(self) -> tuple[str, Callable[..., Any], tuple]:
         """What the run calls: (what it is, the function, its arguments but the reserve and the knobs)."""
