@@ -1,11 +1,16 @@
 """DeepGEMM's warmup for one model layer's GEMMs with the real DeepGEMM on a GPU: serial, as vLLM's
 ``kernel_warmup`` does it (every weight shape at every M of the sweep, one call after another in the engine's
-process), against a buildops build pass (the same shapes and Ms as builds, in worker processes). Each start runs in
-a fresh process with an empty ``DG_JIT_CACHE_DIR``; after its warmup, the same GEMMs at random Ms inside the sweep
-range must compile nothing (new cache entries are counted). The arms alternate over ``--rounds``; medians last.
+process), against a buildops build pass (a build per kernel DeepGEMM's heuristics pick, in as many worker processes
+as the builder has threads and free GPU memory holds contexts); the pass with DeepGEMM's NVRTC compiler
+(``DG_JIT_USE_NVRTC=1``) instead of nvcc; and a second node's pass, which fetches every kernel from a build store
+the first pass of the round filled. Each start runs in a fresh process with an empty ``DG_JIT_CACHE_DIR``; after
+its warmup, the same GEMMs at every M up to the bound (a contiguous shape's: every aligned row count up to its
+padded rows) must compile nothing (new cache entries are counted as late). The arms take turns over ``--rounds``;
+medians last.
 
     python3 benchmarks/deep_gemm_warmup.py [--model qwen3-30b-a3b|deepseek-v3] [--max-tokens 1024] [--top-k 8]
-                                           [--mode relaxed|full] [--rounds 3] [--json PATH]
+                                           [--mode relaxed|full] [--rounds 3] [--arms serial,buildops,nvrtc,second]
+                                           [--json PATH]
 
 Needs a GPU and an importable ``deep_gemm``.
 """
@@ -16,7 +21,6 @@ import argparse
 import ctypes
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -37,7 +41,6 @@ MODELS = {
         "experts": [(256, 4096, 7168), (256, 7168, 2048)],
     },
 }
-CHECKS = 24  # random Ms per shape checked after the warmup
 
 
 def _shapes(model: str):
@@ -62,52 +65,71 @@ def _layer(model: str, device: str):
     return module
 
 
-def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int, seed: int) -> dict:
-    """One start (in this process): the arm's warmup, timed, then the check at random Ms."""
+def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int) -> dict:
+    """One start (in this process): the arm's warmup, timed, then the check at every M."""
     import torch
 
     from buildops.backends.deep_gemm import shape_ms
     from buildops.backends.deep_gemm.entries import entry_names
-    from buildops.backends.deep_gemm.runs import run_shape
+    from buildops.backends.deep_gemm.runs import copy_scales, run_shape
+    from buildops.backends.deep_gemm.shapes import contiguous_rows
 
     shapes = _shapes(model)
     device = "cuda:0"
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     layer = _layer(model, device)  # the weights as an engine holds them before loading: outside the timing
-    torch.empty(1, device=device)  # the CUDA context, outside the timing in both arms
+    torch.empty(1, device=device)  # the CUDA context, outside the timing in all arms
     start = time.perf_counter()
     sweeps = {shape: shape_ms(shape, max_tokens, mode, sms, top_k) for shape in shapes}
+    workers = runs = 0
     if arm == "serial":
         for shape in shapes:
-            run_shape("deep_gemm", shape, sweeps[shape], device, 0)
+            runs += run_shape("deep_gemm", shape, sweeps[shape], device, 0)
+        for width in sorted({-(-shape.k // 128) for shape in shapes}):  # row-major scales' copies, as engines pass
+            runs += copy_scales("deep_gemm", width, device, 0)
         torch.cuda.synchronize()
+        workers = 1
     else:  # what an engine does: the family finds the shapes in the model, the pass waits for their builds
         import buildops
         from buildops import build_pass, model_created, register_family
         from buildops.backends.deep_gemm import DeepGemmFamily
+        from buildops.backends.deep_gemm.state import deep_gemm_state
 
         register_family(DeepGemmFamily(max_tokens=lambda config: config["max_tokens"],
                                        top_k=lambda config: config["top_k"]))
         with build_pass("warmup"):
             model_created(layer, {"max_tokens": max_tokens, "top_k": top_k})
         done = buildops.report()
-        assert done.total("failed") == 0 and done.total("built") == len(shapes), done
+        assert done.total("failed") == 0, done
+        runs = sum(len(getattr(record.build.run, "ms", (1,))) for record in done.builds
+                   if record.origin != "store")
+        workers = deep_gemm_state.sizing.workers if deep_gemm_state.sizing is not None else 0
     warmup_s = time.perf_counter() - start
     built = entry_names()
-    rng = random.Random(seed)
-    for shape, ms in sweeps.items():  # anywhere in the sweep's range (a contiguous shape's: its padded rows)
-        run_shape("deep_gemm", shape, sorted(rng.sample(range(1, max(ms) + 1), min(CHECKS, max(ms)))), device, 0)
+    for shape in shapes:  # every M up to the bound
+        if shape.kind == "contiguous":
+            rows = contiguous_rows(max_tokens, shape.experts, top_k)
+            run_shape("deep_gemm", shape, range(128, rows + 1, 128), device, 0)
+        else:
+            run_shape("deep_gemm", shape, range(1, max_tokens + 1), device, 0)
     torch.cuda.synchronize()
     return {"arm": arm, "warmup_s": warmup_s, "kernels": len(built), "late": len(entry_names() - built),
-            "runs": sum(len(ms) for ms in sweeps.values())}
+            "runs": runs, "workers": workers}
 
 
-def start(arm: str, args: argparse.Namespace, seed: int) -> dict:
+ARMS = ("serial", "buildops", "nvrtc", "second")
+
+
+def start(arm: str, args: argparse.Namespace, store: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="buildops-dg-bench-") as cache:
         path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
         env = dict(os.environ, DG_JIT_CACHE_DIR=cache, PYTHONPATH=path, BUILDOPS_DEEP_GEMM_M=args.mode)
+        if arm == "nvrtc":
+            env["DG_JIT_USE_NVRTC"] = "1"
+        if arm in ("buildops", "second"):  # the first fills the round's store, the second fetches from it
+            env["BUILDOPS_STORE"] = store
         command = [sys.executable, __file__, "--child", arm, "--model", args.model, "--max-tokens",
-                   str(args.max_tokens), "--mode", args.mode, "--top-k", str(args.top_k), "--seed", str(seed)]
+                   str(args.max_tokens), "--mode", args.mode, "--top-k", str(args.top_k)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise SystemExit(f"{arm} start failed:\n{done.stderr[-3000:]}")
@@ -122,24 +144,28 @@ def main() -> None:
     parser.add_argument("--mode", choices=("relaxed", "full"), default="relaxed")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--child", choices=("serial", "buildops"), help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--arms", default=",".join(ARMS), help="of " + ", ".join(ARMS) + " (second needs buildops)")
+    parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        result = child(args.child, args.model, args.max_tokens, args.mode, args.top_k, args.seed)
+        result = child("buildops" if args.child in ("nvrtc", "second") else args.child, args.model, args.max_tokens,
+                       args.mode, args.top_k)
         # DeepGEMM's own printf output (a warning of its compiler) is flushed at exit, after Python's: flushed first
         ctypes.CDLL(None).fflush(None)
-        print("RESULT " + json.dumps(result), flush=True)
+        print("RESULT " + json.dumps({**result, "arm": args.child}), flush=True)
         return
 
+    arms = [arm for arm in ARMS if arm in args.arms.split(",")]
     results: list[dict] = []
     for round_ in range(args.rounds):
-        arms = ("serial", "buildops") if round_ % 2 == 0 else ("buildops", "serial")
-        for arm in arms:
-            results.append({**start(arm, args, seed=round_), "round": round_})
-            r = results[-1]
-            print(f"round {round_} {arm:9s} {r['warmup_s']:7.2f} s  {r['kernels']} kernels  {r['late']} late",
-                  file=sys.stderr)
+        order = arms if round_ % 2 == 0 else [*reversed([a for a in arms if a != "second"]),
+                                               *(["second"] if "second" in arms else [])]
+        with tempfile.TemporaryDirectory(prefix="buildops-dg-store-") as store:
+            for arm in order:
+                results.append({**start(arm, args, f"file://{store}"), "round": round_})
+                r = results[-1]
+                print(f"round {round_} {arm:9s} {r['warmup_s']:7.2f} s  {r['runs']} runs  {r['kernels']} kernels  "
+                      f"{r['workers']} workers  {r['late']} late", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "starts": results},
                                         indent=1))
@@ -147,17 +173,17 @@ def main() -> None:
     def median(arm: str, key: str) -> float:
         return statistics.median(r[key] for r in results if r["arm"] == arm)
 
-    rows = [(arm, median(arm, "warmup_s"), median(arm, "kernels"), max(r["late"] for r in results if r["arm"] == arm))
-            for arm in ("serial", "buildops")]
     print(f"\n{args.model}: {len(_shapes(args.model))} shapes, {args.max_tokens} tokens, top-{args.top_k} "
-          f"({args.mode}: {results[0]['runs']} GEMM runs), {args.rounds} rounds, medians")
-    print(f"{'warmup':10s} {'seconds':>8s} {'kernels':>8s} {'late (max)':>11s}")
-    for arm, seconds, kernels, late in rows:
-        print(f"{arm:10s} {seconds:8.2f} {kernels:8.0f} {late:11d}")
-    ratios = [s["warmup_s"] / b["warmup_s"] for s, b in zip((r for r in results if r["arm"] == "serial"),
-                                                           (r for r in results if r["arm"] == "buildops"))]
-    print(f"serial / buildops: {statistics.median(ratios):.2f}x (per round {', '.join(f'{x:.2f}' for x in ratios)})")
-
+          f"({args.mode} sweep), {args.rounds} rounds, medians")
+    print(f"{'warmup':10s} {'seconds':>8s} {'runs':>6s} {'kernels':>8s} {'workers':>8s} {'late (max)':>11s}")
+    for arm in arms:
+        late = max(r["late"] for r in results if r["arm"] == arm)
+        print(f"{arm:10s} {median(arm, 'warmup_s'):8.2f} {median(arm, 'runs'):6.0f} {median(arm, 'kernels'):8.0f} "
+              f"{median(arm, 'workers'):8.0f} {late:11d}")
+    for arm in arms[1:] if arms[:1] == ["serial"] else []:
+        ratios = [s["warmup_s"] / b["warmup_s"] for s, b in zip((r for r in results if r["arm"] == "serial"),
+                                                               (r for r in results if r["arm"] == arm))]
+        print(f"serial / {arm}: {statistics.median(ratios):.2f}x (per round {', '.join(f'{x:.2f}' for x in ratios)})")
 
 if __name__ == "__main__":
     main()

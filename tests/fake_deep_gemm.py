@@ -85,7 +85,7 @@ def _compile(name, fields):
         return entry, False
     staging = Path(root) / "tmp" / uuid.uuid4().hex
     staging.mkdir(parents=True)
-    (staging / "kernel.cu").write_text(f"// config: {json.dumps({'kernel': name, **fields})}\n")
+    (staging / "kernel.cu").write_text(f"// config: {json.dumps({'kernel': name, **fields})}\n{_code(fields)}")
     (staging / "kernel.cubin").write_bytes(b"\x7fELF" + digest.encode())
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -94,6 +94,26 @@ def _compile(name, fields):
         shutil.rmtree(staging)
         return entry, False
     return entry, True
+
+
+def _code(fields):
+    """The kernel's code as DeepGEMM 2.6 generates it (``generate_impl`` of its runtimes): the template it
+    instantiates and its arguments (the ones that do not enter the fake's configuration at stand-in values)."""
+    if "sf_k" in fields:
+        template, args = "transpose_fp32", [fields["num_threads"], fields["block_mn"], fields["sf_k"]]
+    else:
+        cluster_m, cluster_n = fields["cluster"]
+        compiled = fields["compiled_dims"]
+        template = "sm90_fp8_gemm_1d2d_impl"
+        args = ["cute::UMMA::Major::K", fields.get("m", 0), fields["n"] if "n" in compiled else 0,
+                fields["k"] if "k" in compiled else 0, fields["groups"], fields["block_m"], fields["block_n"], 128,
+                128, 128, 64, 4, 128, 128 if fields["block_m"] <= 64 else 256, cluster_m * cluster_n,
+                "true" if cluster_n > 1 else "false", fields["num_sms"], f"GemmType::{fields['gemm_type']}",
+                "cutlass::bfloat16_t", "epilogue::transform::EpilogueIdentity"]
+    lines = ",\n        ".join(map(str, args))
+    return ("// Includes' hash value: 0\n#include <deep_gemm/impls/fake.cuh>\n\nusing namespace deep_gemm;\n\n"
+            f"static void __instantiate_kernel() {{\n    auto ptr = reinterpret_cast<void*>(&{template}<\n"
+            f"        {lines}\n    >);\n}};\n")
 
 
 def _record(fn, kernels, **fields):
@@ -119,7 +139,8 @@ def _gemm_config(kind, n, k, groups, compiled_dims, m, expected_m=None):
     # What DeepGEMM's kernel code depends on, less the details: M enters only through the tiling its heuristics
     # pick (for the expected M where a call gives one), unless compiled_dims names it.
     picked = tiling(kind, expected_m or m, n, k, groups, get_num_sms(), get_mk_alignment_for_contiguous_layout())
-    config = {"n": n, "k": k, "groups": groups, "block_m": picked.block_m, "block_n": picked.block_n,
+    config = {"gemm_type": {"dense": "Normal", "contiguous": "MGroupedContiguous", "masked": "MGroupedMasked"}[kind],
+              "n": n, "k": k, "groups": groups, "block_m": picked.block_m, "block_n": picked.block_n,
               "cluster": [picked.cluster_m, picked.cluster_n], "num_sms": get_num_sms(), "tc_util": get_tc_util(),
               "compiled_dims": compiled_dims}
     if "m" in compiled_dims:

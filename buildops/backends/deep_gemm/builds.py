@@ -101,7 +101,7 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
         for tiling, covered in _by_tiling(shape, max_tokens, top_k, sms, align_m).items():
             rows = "rows" if shape.kind == "contiguous" else "M"
             add(("deep_gemm", module, shape, tiling, knobs, arch, sms),
-                GemmRun(module, str(device), op, knobs, shape=shape, ms=(covered[0],)),
+                GemmRun(module, str(device), op, knobs, shape=shape, ms=(covered[0],), tiling=tiling, sms=sms),
                 f"{name} {tiling} for {rows} {covered[0]}-{covered[-1]}")
     for width in sorted(widths):
         add(("deep_gemm", module, SCALES_COPY, width, arch),

@@ -30,7 +30,7 @@ from . import versions
 from .knobs import device_arch
 from .state import deep_gemm_state
 
-__all__ = ["DeepGemmEntries", "entries_being_made", "entry_names", "making_entries"]
+__all__ = ["DeepGemmEntries", "entries_being_made", "entry_names", "making_entries", "own_entries"]
 
 
 def entry_names() -> set[str]:
@@ -59,6 +59,27 @@ def entries_being_made() -> tuple[int, int]:
     """(builds and installs under way now, begun ever): what :func:`making_entries` has marked."""
     with deep_gemm_state.making_lock:
         return deep_gemm_state.making_now, deep_gemm_state.making_ever
+
+
+def own_entries(kernel: str, made_of: Mapping[str, set[str]], among: set[str] | None = None) -> set[str]:
+    """The entries of kernel ``kernel`` (:data:`.versions.KERNEL_NAMES`) in the cache, or ``among`` them, whose code
+    was made of ``made_of`` (each argument one of its values: :func:`.versions.entry_kernel`). What an entry was made
+    of is read once per process: an entry's name is its contents' hash."""
+    names = entry_names() if among is None else among
+    found = set()
+    for name in names:
+        if versions.kernel_name(name) != kernel:
+            continue
+        with deep_gemm_state.making_lock:
+            known = name in deep_gemm_state.entry_kernels
+            read = deep_gemm_state.entry_kernels.get(name)
+        if not known:  # entries are renamed into place whole: one seen is as it stays
+            read = versions.entry_kernel(versions.entries_dir() / name)
+            with deep_gemm_state.making_lock:
+                deep_gemm_state.entry_kernels[name] = read
+        if read is not None and all(read.get(argument) in values for argument, values in made_of.items()):
+            found.add(name)
+    return found
 
 
 def _nvcc_version() -> str:

@@ -15,11 +15,24 @@ import torch
 from ..._config import settings
 from ..._core.build import Outcome
 from ..._runtime.gpu import run_admitted
-from .entries import entries_being_made, entry_names, making_entries
+from .entries import entries_being_made, entry_names, making_entries, own_entries
+from .heuristics import Tiling
 from .knobs import Knobs, on_device, set_in_worker
 from .late import note_built
 from .shapes import GemmShape, align, rows_for
-from .versions import BLOCK, KINDS, MASKED_ROWS, SCALE_ROWS_ALIGNMENT, SCALES_COPY, call, contiguous_alignment
+from .versions import (
+    BLOCK,
+    GEMM_TEMPLATE,
+    GEMM_TYPES,
+    KERNEL_NAMES,
+    KINDS,
+    MASKED_ROWS,
+    SCALE_ROWS_ALIGNMENT,
+    SCALES_COPY,
+    SCALES_TEMPLATE,
+    call,
+    contiguous_alignment,
+)
 from .workers import in_use, pool, sized
 
 __all__ = ["GemmRun", "ScalesRun", "copy_scales", "in_worker", "run_shape"]
@@ -48,7 +61,17 @@ class _CacheRun:
         if self.in_worker.is_set():
             pool.stop_workers()
 
+    def own_kernel(self) -> tuple[str, dict[str, set[str]]] | None:
+        """The one kernel this run makes, as :func:`.entries.own_entries` finds its entry, where that is known."""
+        return None
+
     def __call__(self) -> Outcome:
+        own = self.own_kernel()
+        if own is not None:
+            there = own_entries(*own)
+            if there:  # made before, or installed from the build store: nothing to run, no worker to start
+                self._took(there)
+                return Outcome(cached=True)
         with making_entries():
             making = entries_being_made()
             before = entry_names()
@@ -56,13 +79,18 @@ class _CacheRun:
                 self._run()
             finally:
                 made = entry_names() - before
-                self.entries.update(made)
-                note_built(self.op, made)
+                if own is not None:  # its own entry, not those of builds beside it; all if none reads as its own
+                    made = own_entries(*own, among=made) or own_entries(*own) or made
+                self._took(made)
                 if making[0] == 1 and entries_being_made() == making:
                     self.alone.set()
         # Nothing new in the cache: its kernels were there. Something new: its own compiles where it ran alone,
         # else maybe another build's.
         return Outcome(cached=True if not made else False if self.alone.is_set() else None)
+
+    def _took(self, entries: set[str]) -> None:
+        self.entries.update(entries)
+        note_built(self.op, entries)
 
     def _task(self) -> tuple[str, Callable[..., Any], tuple]:
         """What the run calls: (what it is, the function, its arguments but the reserve and the knobs)."""
@@ -85,10 +113,24 @@ class _CacheRun:
 
 @dataclass(frozen=True)
 class GemmRun(_CacheRun):
-    """One weight shape's entry point at each of ``ms``."""
+    """One weight shape's entry point at each of ``ms``; with a ``tiling``, the one kernel DeepGEMM picks for
+    them on ``sms`` multiprocessors (:mod:`.heuristics`)."""
 
     shape: GemmShape
     ms: tuple[int, ...]
+    tiling: Tiling | None = None
+    sms: int = 0
+
+    def own_kernel(self) -> tuple[str, dict[str, set[str]]] | None:
+        tiling, shape = self.tiling, self.shape
+        if tiling is None:
+            return None
+        return KERNEL_NAMES[shape.kind], {
+            "template": {GEMM_TEMPLATE}, "gemm_type": {GEMM_TYPES[shape.kind]},
+            "n": {str(shape.n), "0"}, "k": {str(shape.k), "0"},  # 0 where DeepGEMM compiles the dimension out
+            "groups": {str(shape.experts)}, "block_m": {str(tiling.block_m)}, "block_n": {str(tiling.block_n)},
+            "cluster_size": {str(tiling.cluster_m * tiling.cluster_n)},
+            "multicast_on_a": {"true" if tiling.cluster_n > 1 else "false"}, "sms": {str(self.sms)}}
 
     def _task(self) -> tuple[str, Callable[..., Any], tuple]:
         return str(self.shape), run_shape, (self.module, self.shape, self.ms, self.device)
@@ -100,6 +142,9 @@ class ScalesRun(_CacheRun):
     scales a row: a kernel of its own per width, which every GEMM given such scales runs first."""
 
     scales_per_row: int
+
+    def own_kernel(self) -> tuple[str, dict[str, set[str]]] | None:
+        return KERNEL_NAMES["scales"], {"template": {SCALES_TEMPLATE}, "sf_k": {str(self.scales_per_row)}}
 
     def _task(self) -> tuple[str, Callable[..., Any], tuple]:
         return f"{SCALES_COPY} x {self.scales_per_row}", copy_scales, (self.module, self.scales_per_row, self.device)

@@ -31,6 +31,8 @@ class DeepGemmState:
         self.making_now = 0
         self.making_ever = 0
         self.making_lock = threading.Lock()
+        # entries: what each cache entry's kernel was made of (None: not read), by entry, under making_lock
+        self.entry_kernels: dict[str, dict[str, str] | None] = {}
         # late: the modules whose entry points the watch wraps at the end of a pass
         self.watched_modules: set[str] = {_FIRST_WATCHED}
         # late: the patches of those entry points held until a reset, by (module, function)

@@ -9,7 +9,8 @@ mirrors it (``tests/fake_deep_gemm.py``).
   multiple of 64, and the copy of the activations' scales that a call makes (MN-major, each group's rows padded
   to a multiple of 4) unless they are so already, with its own kernel per scales' width (``SCALES_COPY``).
 * Which kernel its heuristics pick for a call, in :mod:`.heuristics` (the versions and architectures checked
-  there).
+  there); and what a cache entry's kernel was made of, read from the code DeepGEMM generated for it
+  (:func:`entry_kernel`), which tells which entry is a build's own.
 * Its heuristics' block shapes, which the relaxed M sweep covers (``csrc/jit_kernels/heuristics/sm90.hpp``): block
   heights 64, 128 and 256 (and 16 or 32 for the smallest Ms), block widths multiples of 16 up to 256 (up to 192 or
   160 for some kernels: the sweep covers more than it needs).
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -44,8 +46,9 @@ from typing import Any
 __all__ = ["ALIGNMENT_KNOB", "BLOCK", "BLOCK_MS", "BLOCK_N_MAX", "BLOCK_N_STEP", "CACHE_DIR_ENV", "DEFAULT_ALIGNMENT",
            "ENTRY_FILES", "ENTRY_POINTS", "KINDS", "KNOB_DEFAULTS", "KNOBS", "MASKED_ROWS", "SCALE_ROWS_ALIGNMENT",
            "SCALES_COPY", "SMS_KNOB", "cache_root", "call", "compile_settings", "contiguous_alignment", "cuda_home",
-           "entries_dir", "include_dir", "is_entry", "kernel_name", "knob_getters", "library_version", "nvcc",
-           "set_knob", "staging_dir"]
+           "entries_dir", "entry_kernel", "include_dir", "is_entry", "kernel_name", "knob_getters", "library_version",
+           "nvcc", "set_knob", "staging_dir", "GEMM_ARGUMENTS", "GEMM_TEMPLATE", "GEMM_TYPES", "KERNEL_NAMES",
+           "SCALES_ARGUMENTS", "SCALES_TEMPLATE"]
 
 KINDS = {
     "dense": "fp8_gemm_nt",
@@ -168,6 +171,38 @@ def is_entry(name: str) -> bool:
 def kernel_name(entry: str) -> str:
     """The kernel an entry holds: ``<name>`` of ``kernel.<name>.<hash>``."""
     return entry[len(_ENTRY_PREFIX):].rpartition(".")[0]
+
+
+# What DeepGEMM's generated code (``generate_impl`` of its runtimes, in kernel.cu) instantiates, and the template's
+# arguments by position: the SM90 FP8 GEMMs' (``sm90_fp8_gemm_1d2d.hpp``) and the scales' copy's (``smxx_layout.hpp``)
+GEMM_TEMPLATE = "sm90_fp8_gemm_1d2d_impl"
+GEMM_ARGUMENTS = ("major_sfb", "m", "n", "k", "groups", "block_m", "block_n", "block_k", "swizzle_a", "swizzle_b",
+                  "swizzle_cd", "stages", "tma_threads", "math_threads", "cluster_size", "multicast_on_a", "sms",
+                  "gemm_type", "cd_dtype", "epilogue")
+SCALES_TEMPLATE = "transpose_fp32"
+SCALES_ARGUMENTS = ("threads", "block_mn", "sf_k")
+GEMM_TYPES = {"dense": "GemmType::Normal", "contiguous": "GemmType::MGroupedContiguous",
+              "masked": "GemmType::MGroupedMasked"}
+KERNEL_NAMES = {"dense": "sm90_fp8_gemm_1d2d", "contiguous": "sm90_m_grouped_fp8_gemm_contiguous_1d2d",
+                "masked": "sm90_fp8_m_grouped_gemm_masked_1d2d", "scales": "transpose_fp32"}  # the entries' names
+_INSTANTIATION = re.compile(r"&(\w+)<(.*?)>\);", re.S)
+
+
+def entry_kernel(entry: Path) -> dict[str, str] | None:
+    """What the kernel in cache entry ``entry`` was made of, read from its ``kernel.cu``: ``template`` and its
+    arguments by name (:data:`GEMM_ARGUMENTS`, :data:`SCALES_ARGUMENTS`), as text; None for another kernel or code
+    this version of the reading does not know."""
+    try:
+        found = _INSTANTIATION.search((entry / "kernel.cu").read_text(errors="replace"))
+    except OSError:
+        return None
+    if found is None:
+        return None
+    template, values = found[1], [value.strip() for value in found[2].split(",")]
+    names = {GEMM_TEMPLATE: GEMM_ARGUMENTS, SCALES_TEMPLATE: SCALES_ARGUMENTS}.get(template)
+    if names is None or len(values) < len(names):
+        return None
+    return {"template": template, **dict(zip(names, values))}
 
 
 def compile_settings() -> list[tuple[str, str]]:
