@@ -112,9 +112,10 @@ class _Settings:
                                  choices=("auto", "threads", "processes"))
     gpu_reserve_mb = Whole("BUILDOPS_GPU_RESERVE_MB", "GPU memory (MiB) that builds' dummy operands always leave "
                             "free.", lambda: 1024, expected="a whole number of MiB >= 0")
-    deep_gemm_m = Choice[DeepGemmM]("BUILDOPS_DEEP_GEMM_M", "Which M values DeepGEMM builds run: relaxed "
-                                     "(representative), full (every M up to the max), off.", lambda: "relaxed",
-                                     choices=("relaxed", "full", "off"))
+    deep_gemm_m = Choice[DeepGemmM]("BUILDOPS_DEEP_GEMM_M", "Which M values DeepGEMM builds run where its choice of "
+                                     "kernel is not predicted: relaxed (representative), full (every M up to the "
+                                     "max); off: no DeepGEMM builds. Predicted builds run one M per kernel of every "
+                                     "M up to the max.", lambda: "relaxed", choices=("relaxed", "full", "off"))
     node_locks = NodeLocks("BUILDOPS_NODE_LOCKS", "Absolute directory of the lock files by which the processes of "
                             "a node share builds, or off (also 0, false, no).", lambda: "",
                             default_doc="`<tmp>/buildops-node-locks-<uid>`")
