@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from buildops.backends.deep_gemm.heuristics import tiling
+from buildops.backends.deep_gemm.heuristics import Tiling, stages, tiling
 
 __version__ = "2.6.1"  # the DeepGEMM this fake stands for
 
@@ -107,7 +107,8 @@ def _code(fields):
         template = "sm90_fp8_gemm_1d2d_impl"
         args = ["cute::UMMA::Major::K", fields.get("m", 0), fields["n"] if "n" in compiled else 0,
                 fields["k"] if "k" in compiled else 0, fields["groups"], fields["block_m"], fields["block_n"], 128,
-                128, 128, 64, 4, 128, 128 if fields["block_m"] <= 64 else 256, cluster_m * cluster_n,
+                128, 128, 64, stages(Tiling(fields["block_m"], fields["block_n"], cluster_m, cluster_n), fields["k"]),
+                128, 128 if fields["block_m"] <= 64 else 256, cluster_m * cluster_n,
                 "true" if cluster_n > 1 else "false", fields["num_sms"], f"GemmType::{fields['gemm_type']}",
                 "cutlass::bfloat16_t", "epilogue::transform::EpilogueIdentity"]
     lines = ",\n        ".join(map(str, args))

@@ -850,9 +850,16 @@ def test_a_predicted_build_whose_kernel_is_cached_runs_nothing_and_one_unread_ru
     again = run_all()
     assert len(calls()) == ran and all(o.cached for o in again) and not workers.pool.started
 
+    # Entries another install made (DeepGEMM's names hash its include path, nvcc and flags; the fake's do not)
+    # read as the builds' kernels, but spare them no run: this one would load others.
+    with monkeypatch.context() as elsewhere:
+        elsewhere.setattr(fake, "__file__", str(tmp_path / "another" / "fake_deep_gemm.py"))
+        assert len(run_all()) == len(first) and len(calls()) == 2 * ran
+    workers.pool.shutdown()
+
     monkeypatch.setattr(versions, "entry_kernel", lambda entry: None)
     monkeypatch.setattr(deep_gemm_state, "entry_kernels", {})
     monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "fresh"))
     unread = run_all()
-    assert len(calls()) == 2 * ran and all(o.cached is not True for o in unread)
+    assert len(calls()) == 3 * ran and all(o.cached is not True for o in unread)
     workers.pool.shutdown()

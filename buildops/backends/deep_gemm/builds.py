@@ -28,7 +28,16 @@ from .knobs import (
 from .late import note_module
 from .runs import GemmRun, ScalesRun
 from .shapes import GemmShape, checked_grouped, contiguous_rows, find_gemm_shapes, shape_ms
-from .versions import ALIGNMENT_KNOB, BLOCK, DEFAULT_ALIGNMENT, KINDS, SCALES_COPY, SMS_KNOB, library_version
+from .versions import (
+    ALIGNMENT_KNOB,
+    BLOCK,
+    DEFAULT_ALIGNMENT,
+    KINDS,
+    SCALES_COPY,
+    SMS_KNOB,
+    UNREAD_KNOB,
+    library_version,
+)
 
 __all__ = ["DeepGemmFamily", "deep_gemm_builds"]
 
@@ -77,12 +86,16 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
     # and one key makes one of them compile them (node claims) while the others load them from the shared cache.
     arch = device_arch(device)
     why_not = why_not_predicted(library_version(module), arch)
+    if why_not is None and UNREAD_KNOB in changed:
+        why_not = f"its {UNREAD_KNOB} setting is not reproduced"
     if why_not is not None:
         logger.debug("buildops: DeepGEMM builds run every M of their sweep: %s", why_not)
     note_module(module)
     builds: dict[tuple, Build] = {}
 
-    def add(key: tuple, run: GemmRun | ScalesRun, label: str) -> None:
+    def add(key: tuple, label: str, kind: type[GemmRun | ScalesRun], **what: Any) -> None:
+        # The run's key: its entries are vouched for under its build's identity
+        run = kind(module, str(device), op, knobs if kind is GemmRun else (), key=key, **what)
         artifact = DeepGemmEntries(key, module, str(device), run)
         builds[key] = Build(op, key, run, uses_gpu=device.type == "cuda", label=label, library="deep_gemm",
                             artifact=artifact, abandon=run.abandon)
@@ -95,17 +108,17 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
         widths.add(math.ceil(shape.k / BLOCK))
         name = f"{KINDS[shape.kind]} E={shape.experts} N={shape.n} K={shape.k}"
         if why_not is not None:
-            add(("deep_gemm", module, shape, ms, knobs, arch, sms),
-                GemmRun(module, str(device), op, knobs, shape=shape, ms=ms), f"{name} x {len(ms)} M")
+            add(("deep_gemm", module, shape, ms, knobs, arch, sms), f"{name} x {len(ms)} M", GemmRun, shape=shape,
+                ms=ms)
             continue
         for tiling, covered in _by_tiling(shape, max_tokens, top_k, sms, align_m).items():
             rows = "rows" if shape.kind == "contiguous" else "M"
             add(("deep_gemm", module, shape, tiling, knobs, arch, sms),
-                GemmRun(module, str(device), op, knobs, shape=shape, ms=(covered[0],), tiling=tiling, sms=sms),
-                f"{name} {tiling} for {rows} {covered[0]}-{covered[-1]}")
+                f"{name} {tiling} for {rows} {covered[0]}-{covered[-1]}", GemmRun, shape=shape, ms=(covered[0],),
+                tiling=tiling, sms=sms)
     for width in sorted(widths):
-        add(("deep_gemm", module, SCALES_COPY, width, arch),
-            ScalesRun(module, str(device), op, (), scales_per_row=width), f"{SCALES_COPY} x {width}")
+        add(("deep_gemm", module, SCALES_COPY, width, arch), f"{SCALES_COPY} x {width}", ScalesRun,
+            scales_per_row=width)
     return list(builds.values())
 
 

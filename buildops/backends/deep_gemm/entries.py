@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import platform
 import shlex
@@ -24,6 +25,7 @@ from collections.abc import Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..._runtime.files import write_atomically
 from ..._runtime.toolchain import tool_version
 from ..cache_entries import CacheEntries
 from . import versions
@@ -31,6 +33,8 @@ from .knobs import device_arch
 from .state import deep_gemm_state
 
 __all__ = ["DeepGemmEntries", "entries_being_made", "entry_names", "making_entries", "own_entries"]
+
+MADE = "buildops-made"  # beside the build store's markers: the entries each identity's runs made here
 
 
 def entry_names() -> set[str]:
@@ -128,6 +132,36 @@ class DeepGemmEntries(CacheEntries):
     def place_entry(self, name: str, contents: dict[str, bytes]) -> None:
         if versions.is_entry(name) and all(required in contents for required in versions.ENTRY_FILES):
             _install_entry(versions.cache_root(), name, contents)
+
+    # DeepGEMM's entry names hash its compile flags and nvcc's version beside the code, so an entry whose code reads
+    # as a build's kernel may be another install's, which this one never loads. These say which entries this
+    # identity (which covers the same) made or installed: only those spare a build its run.
+
+    def vouched(self) -> set[str]:
+        """The entries a run or a store install of this identity put in the cache, and still there whole."""
+        names = set()
+        for marker in (self._marker(), self._made_marker()):
+            try:
+                listed = json.loads(marker.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(listed, list):
+                names.update(name for name in listed if isinstance(name, str))
+        where = self.entries_dir()
+        return {name for name in names if self.complete(where / name)}
+
+    def vouch(self, names: set[str]) -> None:
+        """Note that a run of this identity made ``names``."""
+        marker = self._made_marker()
+        try:
+            listed = set(json.loads(marker.read_text()))
+        except (OSError, ValueError, TypeError):
+            listed = set()
+        if not names <= listed:
+            write_atomically(marker, json.dumps(sorted(listed | names)))
+
+    def _made_marker(self) -> Path:
+        return self.marker_root() / MADE / self.identity()
 
 
 def _install_entry(root: Path, entry: str, contents: dict[str, bytes]) -> None:

@@ -22,9 +22,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PREDICTED_ARCHS", "PREDICTED_VERSIONS", "Tiling", "tiling", "tilings", "why_not_predicted"]
+__all__ = ["PREDICTED_ARCHS", "PREDICTED_VERSIONS", "Tiling", "stages", "tiling", "tilings", "why_not_predicted"]
 
-PREDICTED_VERSIONS = ("2.6",)  # DeepGEMM's major.minor versions whose heuristics these are
+PREDICTED_VERSIONS = ("2.6.1",)  # DeepGEMM's versions whose heuristics these are (a patch release may change them)
 PREDICTED_ARCHS = ("sm_90",)   # the architectures whose heuristics these are (SM100's differ)
 
 # SM90ArchSpec's constants
@@ -35,6 +35,7 @@ _BLOCK_N_MAX = 192                # the 1D2D kernel's widest block (register spi
 _WGMMA_M = 64
 _FP8, _BF16, _FP32 = 1, 2, 4      # element sizes in bytes
 _INT64_MAX = (1 << 63) - 1
+_MS_AT_ONCE = 4096  # Ms costed in one tensor of Ms x candidates (a few MiB)
 
 
 @dataclass(frozen=True, order=True)
@@ -56,8 +57,8 @@ def why_not_predicted(version: str, arch: str) -> str | None:
     """None where :func:`tiling` reproduces DeepGEMM ``version``'s choice on ``arch``; otherwise why not."""
     if arch not in PREDICTED_ARCHS:
         return f"its heuristics for {arch} are not reproduced (only for {', '.join(PREDICTED_ARCHS)})"
-    found = re.match(r"(\d+)\.(\d+)", version)
-    if found is None or f"{found[1]}.{found[2]}" not in PREDICTED_VERSIONS:
+    found = re.match(r"\d+\.\d+\.\d+", version)
+    if found is None or found[0] not in PREDICTED_VERSIONS:
         return f"its heuristics are reproduced for versions {', '.join(PREDICTED_VERSIONS)}, not {version}"
     return None
 
@@ -96,8 +97,10 @@ def tilings(kind: str, ms: Iterable[int], n: int, k: int, groups: int = 1, sms: 
             candidates = _candidates(kind, small, n, k, sms, alignment, block_n_multiple_of)
             if not candidates:
                 raise ValueError(f"DeepGEMM has no tiling for {kind} N={n} K={k} on {sms} multiprocessors")
-            picks = _cheapest(candidates, bucket, n, k, groups if kind == "masked" else 1, sms)
-            chosen.update(zip(bucket, (candidates[i] for i in picks)))
+            for at in range(0, len(bucket), _MS_AT_ONCE):  # bounded tensors, whatever the Ms
+                part = bucket[at:at + _MS_AT_ONCE]
+                picks = _cheapest(candidates, part, n, k, groups if kind == "masked" else 1, sms)
+                chosen.update(zip(part, (candidates[i] for i in picks)))
     by_tiling: dict[Tiling, list[int]] = {}
     for m in ms:
         by_tiling.setdefault(chosen[m], []).append(m)
@@ -137,6 +140,11 @@ def _candidates(kind: str, small: int | None, n: int, k: int, sms: int, alignmen
 
 def _align(x: int, to: int) -> int:
     return -(-x // to) * to
+
+
+def stages(tiling: Tiling, k: int) -> int:
+    """The pipeline stages of ``tiling``'s kernel for ``k`` input features (part of its code)."""
+    return _stages(tiling.block_m, tiling.block_n, k)
 
 
 def _stages(block_m: int, block_n: int, k: int) -> int:

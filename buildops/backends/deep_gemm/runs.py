@@ -15,8 +15,8 @@ import torch
 from ..._config import settings
 from ..._core.build import Outcome
 from ..._runtime.gpu import run_admitted
-from .entries import entries_being_made, entry_names, making_entries, own_entries
-from .heuristics import Tiling
+from .entries import DeepGemmEntries, entries_being_made, entry_names, making_entries, own_entries
+from .heuristics import Tiling, stages
 from .knobs import Knobs, on_device, set_in_worker
 from .late import note_built
 from .shapes import GemmShape, align, rows_for
@@ -26,7 +26,9 @@ from .versions import (
     GEMM_TYPES,
     KERNEL_NAMES,
     KINDS,
+    MAJOR_K,
     MASKED_ROWS,
+    PLAIN_EPILOGUE,
     SCALE_ROWS_ALIGNMENT,
     SCALES_COPY,
     SCALES_TEMPLATE,
@@ -54,6 +56,7 @@ class _CacheRun:
     entries: set[str] = field(default_factory=set, compare=False, repr=False, kw_only=True)
     # Set when no other build or install of this process ran beside it: its new entries are then its own compiles
     alone: threading.Event = field(default_factory=threading.Event, compare=False, repr=False, kw_only=True)
+    key: Any = field(default=None, compare=False, repr=False, kw_only=True)  # its build's: its entries' identity
 
     def abandon(self) -> None:
         """Given up as timed out (``Build`` contract): stop the workers if the run is stuck in one."""
@@ -67,9 +70,10 @@ class _CacheRun:
 
     def __call__(self) -> Outcome:
         own = self.own_kernel()
-        if own is not None:
-            there = own_entries(*own)
-            if there:  # made before, or installed from the build store: nothing to run, no worker to start
+        record = None if own is None else DeepGemmEntries(self.key, self.module, self.device, self)
+        if own is not None and record is not None:
+            there = own_entries(*own, among=record.vouched())
+            if there:  # made or installed before, under this identity: nothing to run, no worker to start
                 self._took(there)
                 return Outcome(cached=True)
         with making_entries():
@@ -79,8 +83,13 @@ class _CacheRun:
                 self._run()
             finally:
                 made = entry_names() - before
-                if own is not None:  # its own entry, not those of builds beside it; all if none reads as its own
-                    made = own_entries(*own, among=made) or own_entries(*own) or made
+                if own is not None and record is not None:
+                    # Its own entry, not those of builds beside it (all it saw made, if none reads as its own); if
+                    # it made none, every entry its kernel's code would have (the one DeepGEMM loaded among them).
+                    mine = own_entries(*own, among=made) or made
+                    if mine:
+                        record.vouch(mine)
+                    made = mine or own_entries(*own)
                 self._took(made)
                 if making[0] == 1 and entries_being_made() == making:
                     self.alone.set()
@@ -126,11 +135,12 @@ class GemmRun(_CacheRun):
         if tiling is None:
             return None
         return KERNEL_NAMES[shape.kind], {
-            "template": {GEMM_TEMPLATE}, "gemm_type": {GEMM_TYPES[shape.kind]},
-            "n": {str(shape.n), "0"}, "k": {str(shape.k), "0"},  # 0 where DeepGEMM compiles the dimension out
-            "groups": {str(shape.experts)}, "block_m": {str(tiling.block_m)}, "block_n": {str(tiling.block_n)},
-            "cluster_size": {str(tiling.cluster_m * tiling.cluster_n)},
-            "multicast_on_a": {"true" if tiling.cluster_n > 1 else "false"}, "sms": {str(self.sms)}}
+            "template": {GEMM_TEMPLATE}, "gemm_type": {GEMM_TYPES[shape.kind]}, "major_sfb": {MAJOR_K},
+            "n": {str(shape.n)}, "k": {str(shape.k)}, "groups": {str(shape.experts)},
+            "block_m": {str(tiling.block_m)}, "block_n": {str(tiling.block_n)},
+            "stages": {str(stages(tiling, shape.k))}, "cluster_size": {str(tiling.cluster_m * tiling.cluster_n)},
+            "multicast_on_a": {"true" if tiling.cluster_n > 1 else "false"}, "sms": {str(self.sms)},
+            "epilogue": {PLAIN_EPILOGUE}}
 
     def _task(self) -> tuple[str, Callable[..., Any], tuple]:
         return str(self.shape), run_shape, (self.module, self.shape, self.ms, self.device)

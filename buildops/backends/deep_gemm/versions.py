@@ -48,7 +48,7 @@ __all__ = ["ALIGNMENT_KNOB", "BLOCK", "BLOCK_MS", "BLOCK_N_MAX", "BLOCK_N_STEP",
            "SCALES_COPY", "SMS_KNOB", "cache_root", "call", "compile_settings", "contiguous_alignment", "cuda_home",
            "entries_dir", "entry_kernel", "include_dir", "is_entry", "kernel_name", "knob_getters", "library_version",
            "nvcc", "set_knob", "staging_dir", "GEMM_ARGUMENTS", "GEMM_TEMPLATE", "GEMM_TYPES", "KERNEL_NAMES",
-           "SCALES_ARGUMENTS", "SCALES_TEMPLATE"]
+           "MAJOR_K", "PLAIN_EPILOGUE", "SCALES_ARGUMENTS", "SCALES_TEMPLATE", "UNREAD_KNOB"]
 
 KINDS = {
     "dense": "fp8_gemm_nt",
@@ -113,6 +113,8 @@ KNOBS = {
     "block_size_multiple_of": ("get_block_size_multiple_of", "set_block_size_multiple_of"),
 }
 """The settings that change the kernels DeepGEMM picks: ``(getter, setter)`` by name."""
+
+UNREAD_KNOB = "block_size_multiple_of"  # changes DeepGEMM's block widths; not in its reproduced heuristics
 
 DEFAULT_ALIGNMENT = 128  # the alignment of each expert's rows in the contiguous layout, by default
 
@@ -183,6 +185,8 @@ SCALES_TEMPLATE = "transpose_fp32"
 SCALES_ARGUMENTS = ("threads", "block_mn", "sf_k")
 GEMM_TYPES = {"dense": "GemmType::Normal", "contiguous": "GemmType::MGroupedContiguous",
               "masked": "GemmType::MGroupedMasked"}
+MAJOR_K = "cute::UMMA::Major::K"  # the weights' scales K-major, as buildops' builds and engines pass them
+PLAIN_EPILOGUE = "epilogue::transform::EpilogueIdentity"  # the GEMM entry points' (not fp8_gemm_nt_skip_head_mid's)
 KERNEL_NAMES = {"dense": "sm90_fp8_gemm_1d2d", "contiguous": "sm90_m_grouped_fp8_gemm_contiguous_1d2d",
                 "masked": "sm90_fp8_m_grouped_gemm_masked_1d2d", "scales": "transpose_fp32"}  # the entries' names
 _INSTANTIATION = re.compile(r"&(\w+)<(.*?)>\);", re.S)
