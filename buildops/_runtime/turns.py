@@ -2,10 +2,10 @@
 
 A ``ProcessPoolExecutor`` runs the calls it is given first in, first out, so a build that a serving call waits for
 (docs/decisions/0016-serving-first.md) would wait there behind every call made before it. Triton's pool has as many
-workers as a builder has threads by default, but a pool may have fewer (DeepGEMM's: at most four, each holding a
-CUDA context), and a builder may be made with more threads. So a pool hands out as many turns as it has workers: a
-call waits for a turn, not in the executor's queue, and a turn that comes free goes to the first waiting call whose
-build is urgent, else to the oldest.
+workers as a builder has threads by default, but a pool may admit fewer calls (DeepGEMM's: as many as free GPU
+memory holds CUDA contexts), and a builder may be made with more threads. So a pool hands out as many turns as it
+admits calls: a call waits for a turn, not in the executor's queue, and a turn that comes free goes to the first
+waiting call whose build is urgent, else to the oldest.
 
 A builder says around each build's run how to tell whether that build is urgent (:func:`urgency`); it is asked
 each time a turn is handed out, so a build expedited while it waits goes first.
