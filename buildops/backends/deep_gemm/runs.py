@@ -40,7 +40,6 @@ from .workers import in_use, pool, sized
 __all__ = ["GemmRun", "ScalesRun", "copy_scales", "in_worker", "run_shape"]
 
 
-
 @dataclass(frozen=True)
 class _CacheRun:
     """A build's run (the ``Build`` contract's ``run``): DeepGEMM calls in a worker process (or on a builder thread
@@ -70,7 +69,7 @@ class _CacheRun:
 
     def __call__(self) -> Outcome:
         own = self.own_kernel()
-        record = None if own is None else DeepGemmEntries(self.key, self.module, self.device, self)
+        record = DeepGemmEntries(self.key, self.module, self.device, self) if own is not None else None
         if own is not None and record is not None:
             there = own_entries(*own, among=record.vouched())
             if there:  # made or installed before, under this identity: nothing to run, no worker to start
@@ -82,20 +81,22 @@ class _CacheRun:
             try:
                 self._run()
             finally:
-                made = entry_names() - before
+                new = entry_names() - before
+                taken = new
                 if own is not None and record is not None:
                     # Its own entry, not those of builds beside it (all it saw made, if none reads as its own); if
                     # it made none, every entry its kernel's code would have (the one DeepGEMM loaded among them).
-                    mine = own_entries(*own, among=made) or made
-                    if mine:
-                        record.vouch(mine)
-                    made = mine or own_entries(*own)
-                self._took(made)
+                    taken = own_entries(*own, among=new) or new
+                    if taken:
+                        record.vouch(taken)
+                    else:
+                        taken = own_entries(*own)
+                self._took(taken)
                 if making[0] == 1 and entries_being_made() == making:
                     self.alone.set()
         # Nothing new in the cache: its kernels were there. Something new: its own compiles where it ran alone,
         # else maybe another build's.
-        return Outcome(cached=True if not made else False if self.alone.is_set() else None)
+        return Outcome(cached=True if not new else False if self.alone.is_set() else None)
 
     def _took(self, entries: set[str]) -> None:
         self.entries.update(entries)
