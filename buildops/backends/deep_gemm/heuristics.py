@@ -89,10 +89,19 @@ def tilings(kind: str, ms: Iterable[int], n: int, k: int, groups: int = 1, sms: 
     if sms < 2 or sms % 2:
         raise ValueError(f"DeepGEMM tiles for an even number of multiprocessors, not {sms} (its set_num_sms)")
     ms = sorted(set(ms))
+    # M enters the choice only through each candidate's blocks along M, ceil(M / block_m), and through the extra
+    # candidates of the smallest dense Ms: past 32, the block heights are 64, 128 and 256 (the alignment alone for
+    # contiguous), so the Ms up to the next multiple of 64 (of the alignment) choose alike, as that multiple does.
+    granule = alignment if kind == "contiguous" else 64
+
+    def stands_for(m: int) -> int:
+        return m if kind == "dense" and m <= 32 else -(-m // granule) * granule
+
     chosen: dict[int, Tiling] = {}
+    costed = sorted({stands_for(m) for m in ms})
     # The candidates differ only for the smallest dense Ms, which may also take blocks 16 and 32 high.
     for small in (16, 32, None):
-        bucket = [m for m in ms if m not in chosen and (small is None or (kind == "dense" and m <= small))]
+        bucket = [m for m in costed if m not in chosen and (small is None or (kind == "dense" and m <= small))]
         if bucket:
             candidates = _candidates(kind, small, n, k, sms, alignment, block_n_multiple_of)
             if not candidates:
@@ -103,7 +112,7 @@ def tilings(kind: str, ms: Iterable[int], n: int, k: int, groups: int = 1, sms: 
                 chosen.update(zip(part, (candidates[i] for i in picks)))
     by_tiling: dict[Tiling, list[int]] = {}
     for m in ms:
-        by_tiling.setdefault(chosen[m], []).append(m)
+        by_tiling.setdefault(chosen[stands_for(m)], []).append(m)
     return by_tiling
 
 
