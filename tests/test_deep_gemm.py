@@ -755,6 +755,27 @@ def test_the_deep_gemm_pool_holds_as_many_contexts_as_free_memory_allows(monkeyp
     assert deep_gemm_workers.deep_gemm_state.sizing is None
 
 
+def test_a_worker_that_cannot_open_a_context_leaves_the_builds_one_at_a_time(monkeypatch, caplog):
+    from buildops.backends.deep_gemm import workers as deep_gemm_workers
+
+    monkeypatch.setattr(deep_gemm_workers, "_memory", lambda device: (1 << 30, 0))
+
+    class Pool:
+        limits = []
+
+        def run(self, what, fn, *args):
+            raise RuntimeError("CUDA error: out of memory")
+
+        def limit(self, calls):
+            self.limits.append(calls)
+
+    monkeypatch.setattr(deep_gemm_workers, "pool", Pool())
+    with settings.scope(threads=12), caplog.at_level("WARNING", logger="buildops"):
+        assert deep_gemm_workers.sized("cuda:0") == deep_gemm_workers.Sizing(1) and Pool.limits == [1]
+    assert "could not open a CUDA context on cuda:0 (RuntimeError: CUDA error: out of memory)" in caplog.text
+    buildops.testing.reset()
+
+
 def test_without_a_gpu_the_deep_gemm_pool_runs_a_build_per_builder_thread():
     from buildops.backends.deep_gemm import workers as deep_gemm_workers
 

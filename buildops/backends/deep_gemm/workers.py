@@ -93,7 +93,12 @@ def _measure(device: torch.device) -> Sizing:
     if device.type != "cuda":
         return Sizing(threads)
     free_before, held_before = _memory(device)
-    pool.run("a CUDA context", open_context, str(device))
+    try:
+        pool.run("a CUDA context", open_context, str(device))
+    except Exception as error:  # noqa: BLE001 - the builds then find out for themselves, one at a time
+        logger.warning("buildops: DeepGEMM's first worker could not open a CUDA context on %s (%s: %s); its builds "
+                       "run one at a time", device, type(error).__name__, error)
+        return Sizing(1)
     free_after, held_after = _memory(device)
     measured = free_before - free_after - (held_after - held_before)
     context = max(CONTEXT_FLOOR_BYTES, measured)
