@@ -722,6 +722,7 @@ def test_a_call_during_a_deep_gemm_build_reports_nothing(watched_fake, tmp_path)
     (3_224, 2_524, 1_200, 4, 500),     # 1,500 MiB beyond the reserve: 3 more contexts
     (40_000, 40_000, 1_000, 12, 256),  # the engine freed memory meanwhile: a context taken at the floor, not at 0
     (1_300, 600, 1_200, 1, 500),       # less than the reserve left: the first worker alone
+    (60_000, 59_500, 1_000, 12, None),  # room for 12 contexts of 4 GiB: every worker at once, none measured
 ])
 def test_the_deep_gemm_pool_holds_as_many_contexts_as_free_memory_allows(monkeypatch, caplog, free_before_mib,
                                                                           free_after_mib, held_after_mib, workers,
@@ -748,9 +749,14 @@ def test_the_deep_gemm_pool_holds_as_many_contexts_as_free_memory_allows(monkeyp
     with settings.scope(threads=12, gpu_reserve_mb=1024), caplog.at_level("INFO", logger="buildops"):
         sizing = deep_gemm_workers.sized("cuda:0")
         assert deep_gemm_workers.sized("cuda:0") is sizing  # once per process
-    assert (sizing.workers, sizing.context_bytes) == (workers, context_mib * mib)
-    assert Pool.calls == [("a CUDA context", deep_gemm_workers.open_context, ("cuda:0",))] and Pool.limits == [workers]
-    assert f"up to {workers} DeepGEMM worker processes" in caplog.text and f"takes {context_mib} MiB" in caplog.text
+    assert Pool.limits == [workers] and f"up to {workers} DeepGEMM worker processes" in caplog.text
+    if context_mib is None:
+        assert sizing == deep_gemm_workers.Sizing(12, None, (60_000 - 1024) * mib) and Pool.calls == []
+        assert "hold their contexts, whatever their size" in caplog.text
+    else:
+        assert (sizing.workers, sizing.context_bytes) == (workers, context_mib * mib) and Pool.calls == [
+            ("a CUDA context", deep_gemm_workers.open_context, ("cuda:0",))]
+        assert f"takes {context_mib} MiB" in caplog.text
     buildops.testing.reset()
     assert deep_gemm_workers.deep_gemm_state.sizing is None
 

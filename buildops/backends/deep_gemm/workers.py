@@ -4,10 +4,11 @@ memory, less ``BUILDOPS_GPU_RESERVE_MB``, holds their CUDA contexts.
 
 DeepGEMM compiles one kernel at a time per process, with one nvcc on one core, while its binding holds the GIL: one
 compiling process per core is what keeps every core busy. Each process holds a CUDA context, whose size depends on
-the GPU, the driver and torch, so it is measured, not assumed: the first worker of a process opens its context
-alone, and the driver's free memory before and after (less what this process's torch allocated meanwhile) is what
-one takes. The pool then admits as many calls at once as free memory holds contexts, and starts workers as calls
-come. Dummy operands are admitted apart, by the memory gate (:mod:`buildops._runtime.gpu`).
+the GPU, the driver and torch, so it is measured, not assumed, where it could bind (free memory beyond the reserve
+under :data:`CONTEXT_CEILING_BYTES` a worker): the first worker of a process opens its context alone, and the
+driver's free memory before and after (less what this process's torch allocated meanwhile) is what one takes. The
+pool then admits as many calls at once as free memory holds contexts, and starts workers as calls come. Dummy
+operands are admitted apart, by the memory gate (:mod:`buildops._runtime.gpu`).
 
 The workers stop once no DeepGEMM build has used them for :data:`IDLE_STOP_SECONDS`, so that their contexts do not
 hold GPU memory into serving (an engine sizes its KV cache from what is free after its start); a later build
@@ -28,7 +29,8 @@ from ..._config import settings
 from ..._runtime.pools import WorkerPool
 from .state import deep_gemm_state
 
-__all__ = ["CONTEXT_FLOOR_BYTES", "IDLE_STOP_SECONDS", "Sizing", "in_use", "open_context", "pool", "sized"]
+__all__ = ["CONTEXT_CEILING_BYTES", "CONTEXT_FLOOR_BYTES", "IDLE_STOP_SECONDS", "Sizing", "in_use", "open_context",
+           "pool", "sized"]
 
 logger = logging.getLogger("buildops")
 _MIB = 1 << 20
@@ -36,6 +38,9 @@ _MIB = 1 << 20
 # Below any CUDA context measured with torch (300-600 MiB with CUDA's lazy module loading): a smaller measure means
 # that memory was freed meanwhile, and is not taken at its word.
 CONTEXT_FLOOR_BYTES = 256 * _MIB
+# Above any CUDA context with torch (1-2 GiB where CUDA loads every module at once): where free memory beyond the
+# reserve holds this much for every worker, a context's size cannot lower their number, and is not measured.
+CONTEXT_CEILING_BYTES = 4 << 30
 
 # How long the workers outlive the last build that used them: the builds a pass lists come in bursts, one after
 # another, and a start's worth of workers (a spawn, torch's import, a context) is seconds.
@@ -46,16 +51,21 @@ pool = WorkerPool("DeepGEMM build", lambda: max(1, settings.threads))
 
 @dataclass(frozen=True)
 class Sizing:
-    """How the pool was sized: ``workers`` calls at once; on a GPU, what one context took and what was free (less
-    the reserve) once the first worker had its own."""
+    """How the pool was sized: ``workers`` calls at once; on a GPU, what one context took (None where free memory
+    held every worker's whatever its size, unmeasured) and what was free (less the reserve) once the first worker
+    had its own."""
 
     workers: int
     context_bytes: int | None = None
     room_bytes: int | None = None
 
     def describe(self) -> str:
-        if self.context_bytes is None or self.room_bytes is None:
+        if self.room_bytes is None:
             return f"up to {self.workers} DeepGEMM worker processes"
+        if self.context_bytes is None:
+            return (f"up to {self.workers} DeepGEMM worker processes (BUILDOPS_THREADS={settings.threads}; "
+                    f"{self.room_bytes / _MIB:.0f} MiB free beyond BUILDOPS_GPU_RESERVE_MB hold their contexts, "
+                    f"whatever their size)")
         return (f"up to {self.workers} DeepGEMM worker processes (BUILDOPS_THREADS={settings.threads}; a CUDA "
                 f"context takes {self.context_bytes / _MIB:.0f} MiB, {self.room_bytes / _MIB:.0f} MiB free beyond "
                 f"the first and BUILDOPS_GPU_RESERVE_MB)")
@@ -93,6 +103,9 @@ def _measure(device: torch.device) -> Sizing:
     if device.type != "cuda":
         return Sizing(threads)
     free_before, held_before = _memory(device)
+    room = free_before - settings.gpu_reserve_mb * _MIB
+    if room >= threads * CONTEXT_CEILING_BYTES:  # no context's size could bind: all start at once, unmeasured
+        return Sizing(threads, None, room)
     try:
         pool.run("a CUDA context", open_context, str(device))
     except Exception as error:  # noqa: BLE001 - the builds then find out for themselves, one at a time
