@@ -9,13 +9,13 @@ installed or an upload took for that identity, so that a node whose cache holds 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .._runtime.files import write_atomically
 
-__all__ = ["CacheEntries"]
+__all__ = ["CacheEntries", "listed_in"]
 
 MARKERS = "buildops-shared"
 
@@ -113,22 +113,26 @@ class CacheEntries:
 
     def _marked(self) -> set[str]:
         """The entries every marker of this cache names."""
-        names: set[str] = set()
         try:
-            markers = list((self.marker_root() / MARKERS).iterdir())
+            return listed_in((self.marker_root() / MARKERS).iterdir())
         except OSError:
-            return names
-        for marker in markers:
-            try:
-                listed = json.loads(marker.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(listed, list):
-                names.update(name for name in listed if isinstance(name, str))
-        return names
+            return set()
 
     def _marker(self) -> Path:
         return self.marker_root() / MARKERS / self.identity()
 
     def _remember(self, names: list[str]) -> None:
         write_atomically(self._marker(), json.dumps(sorted(names)))
+
+
+def listed_in(markers: Iterable[Path]) -> set[str]:
+    """The entries the marker files ``markers`` name (JSON lists of entry names); one unreadable names none."""
+    names: set[str] = set()
+    for marker in markers:
+        try:
+            listed = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(listed, list):
+            names.update(name for name in listed if isinstance(name, str))
+    return names

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..._runtime.files import write_atomically
 from ..._runtime.toolchain import tool_version
-from ..cache_entries import CacheEntries
+from ..cache_entries import CacheEntries, listed_in
 from . import versions
 from .knobs import device_arch
 from .state import deep_gemm_state
@@ -139,24 +139,13 @@ class DeepGemmEntries(CacheEntries):
 
     def vouched(self) -> set[str]:
         """The entries a run or a store install of this identity put in the cache, and still there whole."""
-        names = set()
-        for marker in (self._marker(), self._made_marker()):
-            try:
-                listed = json.loads(marker.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(listed, list):
-                names.update(name for name in listed if isinstance(name, str))
         where = self.entries_dir()
-        return {name for name in names if self.complete(where / name)}
+        return {name for name in listed_in((self._marker(), self._made_marker())) if self.complete(where / name)}
 
     def vouch(self, names: set[str]) -> None:
         """Note that a run of this identity made ``names``."""
         marker = self._made_marker()
-        try:
-            listed = set(json.loads(marker.read_text()))
-        except (OSError, ValueError, TypeError):
-            listed = set()
+        listed = listed_in((marker,))
         if not names <= listed:
             write_atomically(marker, json.dumps(sorted(listed | names)))
 
