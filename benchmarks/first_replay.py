@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
+
+from fresh_process import run_child  # this script's folder is on sys.path
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROWS, WIDTH = 4096, 1024
@@ -60,13 +60,7 @@ def child(arm: str) -> dict:
 
 
 def start(arm: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, os.environ.get(
-        "PYTHONPATH", "").split(os.pathsep))]))
-    done = subprocess.run([sys.executable, __file__, "--child", arm], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
-    if done.returncode != 0:
-        raise SystemExit(f"{arm} failed:\n{done.stderr[-4000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_child(__file__, arm)
     print(f"{arm:8} first replay {result['replay_s']:5.2f} s  builds {result['builds']}  dynamo imported "
           f"{result['dynamo']}", flush=True)
     return result

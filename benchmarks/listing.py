@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
+
+from fresh_process import run_child  # this script's folder is on sys.path
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SWEEP = list(range(16, 4097, 24))
@@ -100,14 +100,7 @@ def child(arm: str) -> dict:
 
 def start(arm: str, work: pathlib.Path) -> dict:
     cache = tempfile.mkdtemp(prefix=f"triton-{arm}-", dir=work)
-    env = dict(os.environ, TRITON_CACHE_DIR=cache, BUILDOPS_NODE_LOCKS=str(pathlib.Path(cache) / "locks"),
-               PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(
-                   os.pathsep))]))
-    done = subprocess.run([sys.executable, __file__, "--child", arm], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
-    if done.returncode != 0:
-        raise SystemExit(f"{arm} failed:\n{done.stderr[-4000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_child(__file__, arm, TRITON_CACHE_DIR=cache, BUILDOPS_NODE_LOCKS=str(pathlib.Path(cache) / "locks"))
     print(f"{arm:6} rehearsal {result['rehearsal_s']:6.2f} s  all built {result['all_built_s']:6.2f} s  "
           f"builds {result['builds']}", flush=True)
     return result
