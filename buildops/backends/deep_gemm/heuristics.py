@@ -35,7 +35,6 @@ _BLOCK_N_MAX = 192                # the 1D2D kernel's widest block (register spi
 _WGMMA_M = 64
 _FP8, _BF16, _FP32 = 1, 2, 4      # element sizes in bytes
 _INT64_MAX = (1 << 63) - 1
-_MS_AT_ONCE = 4096  # Ms costed in one tensor of Ms x candidates (a few MiB)
 
 
 @dataclass(frozen=True, order=True)
@@ -106,10 +105,8 @@ def tilings(kind: str, ms: Iterable[int], n: int, k: int, groups: int = 1, sms: 
             candidates = _candidates(kind, small, n, k, sms, alignment, block_n_multiple_of)
             if not candidates:
                 raise ValueError(f"DeepGEMM has no tiling for {kind} N={n} K={k} on {sms} multiprocessors")
-            for at in range(0, len(bucket), _MS_AT_ONCE):  # bounded tensors, whatever the Ms
-                part = bucket[at:at + _MS_AT_ONCE]
-                picks = _cheapest(candidates, part, n, k, groups if kind == "masked" else 1, sms)
-                chosen.update(zip(part, (candidates[i] for i in picks)))
+            picks = _cheapest(candidates, bucket, n, k, groups if kind == "masked" else 1, sms)
+            chosen.update(zip(bucket, (candidates[i] for i in picks)))
     by_tiling: dict[Tiling, list[int]] = {}
     for m in ms:
         by_tiling.setdefault(chosen[stands_for(m)], []).append(m)
