@@ -748,7 +748,7 @@ def test_the_deep_gemm_pool_holds_as_many_contexts_as_free_memory_allows(monkeyp
     monkeypatch.setattr(deep_gemm_workers, "pool", Pool())
     with settings.scope(threads=12, gpu_reserve_mb=1024), caplog.at_level("INFO", logger="buildops"):
         sizing = deep_gemm_workers.sized("cuda:0")
-        assert deep_gemm_workers.sized("cuda:0") is sizing  # once per process
+        assert deep_gemm_workers.sized("cuda:0") is sizing  # once while the pool runs
     assert Pool.limits == [workers] and f"up to {workers} DeepGEMM worker processes" in caplog.text
     if context_mib is None:
         assert sizing == deep_gemm_workers.Sizing(12, None, (60_000 - 1024) * mib) and Pool.calls == []
@@ -804,7 +804,7 @@ def test_the_deep_gemm_workers_stop_once_idle_and_start_again_for_a_later_build(
         deadline = time.monotonic() + WAIT
         while deep_gemm_workers.pool.started and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not deep_gemm_workers.pool.started
+        assert not deep_gemm_workers.pool.started and deep_gemm_workers.deep_gemm_state.sizing is None  # sized anew
         second.run()
     pids = [{c["pid"] for c in calls() if c["k"] == k} for k in (128, 256)]
     assert all(len(p) == 1 for p in pids) and pids[0] != pids[1] and os.getpid() not in pids[0] | pids[1]

@@ -46,7 +46,7 @@ class DeepGemmState:
         # knobs, in a worker: module -> its settings as this process first found them (a build that gives none of
         # one gets this back)
         self.worker_defaults: dict[str, dict[str, Any]] = {}
-        # workers: how the worker pool was sized (``workers.Sizing``), once per process; the builds using the pool
+        # workers: how the worker pool was sized (``workers.Sizing``), each time it starts; the builds using the pool
         # now, and the timer that stops its workers once none has for a while; the one lock of the three
         self.sizing: Any = None
         self.runs_in_pool = 0

@@ -87,8 +87,8 @@ def _memory(device: torch.device) -> tuple[int, int]:
 
 
 def sized(device: torch.device | str) -> Sizing:
-    """Size the pool, once per process (see the module docstring): called before each call to it, it measures a
-    context on the first, which waits for it, as do calls made meanwhile."""
+    """Size the pool, once each time it starts (see the module docstring): called before each call to it, it
+    measures a context on the first, which waits for it, as do calls made meanwhile."""
     state = deep_gemm_state
     with state.sizing_lock:
         if state.sizing is None:
@@ -145,4 +145,5 @@ def _stop_if_idle() -> None:
     with state.sizing_lock:  # a build that begins meanwhile waits, then starts the workers again
         if state.runs_in_pool == 0 and state.idle_timer is threading.current_thread():
             state.idle_timer = None
+            state.sizing = None  # the next builds size it from the memory free then (the weights may fill it)
             pool.shutdown()
