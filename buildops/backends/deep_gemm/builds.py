@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from ..._core.build import Build
-from .entries import DeepGemmEntries
 from .heuristics import Tiling, tilings, why_not_predicted
 from .knobs import (
     device_arch,
@@ -94,11 +93,9 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
     builds: dict[tuple, Build] = {}
 
     def add(key: tuple, label: str, kind: type[GemmRun | ScalesRun], **what: Any) -> None:
-        # The run's key: its entries are vouched for under its build's identity
         run = kind(module, str(device), op, knobs if kind is GemmRun else (), key=key, **what)
-        artifact = DeepGemmEntries(key, module, str(device), run)
         builds[key] = Build(op, key, run, uses_gpu=device.type == "cuda", label=label, library="deep_gemm",
-                            artifact=artifact, abandon=run.abandon)
+                            artifact=run.artifact, abandon=run.abandon)
 
     widths = set()
     for shape in shapes:

@@ -69,11 +69,11 @@ def prebuild_build(item: dict[str, Any]) -> Build | str:
     label, op, ran_with = item.get("label", ""), item.get("op", "prebuild"), tuple(knobs.items())
     if "gemm" in item:
         kind, n, k, experts = item["gemm"]
-        run: GemmRun | ScalesRun = GemmRun(module, str(device), op, ran_with, shape=GemmShape(kind, n, k, experts),
-                                           ms=tuple(item["ms"]))
+        run: GemmRun | ScalesRun = GemmRun(module, str(device), op, ran_with, key=key,
+                                           shape=GemmShape(kind, n, k, experts), ms=tuple(item["ms"]))
     else:
-        run = ScalesRun(module, str(device), op, ran_with, scales_per_row=item["scales_per_row"])
-    artifact = DeepGemmEntries(key, module, str(device), run)
+        run = ScalesRun(module, str(device), op, ran_with, key=key, scales_per_row=item["scales_per_row"])
+    artifact = run.artifact
     if artifact.identity() != item["identity"]:
         here = library_version(module)
         return (f"made with another DeepGEMM install, nvcc or DG_* settings (DeepGEMM {item['version']} there, "

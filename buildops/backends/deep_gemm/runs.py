@@ -3,6 +3,7 @@ DeepGEMM's disk cache."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import threading
@@ -55,7 +56,7 @@ class _CacheRun:
     entries: set[str] = field(default_factory=set, compare=False, repr=False, kw_only=True)
     # Set when no other build or install of this process ran beside it: its new entries are then its own compiles
     alone: threading.Event = field(default_factory=threading.Event, compare=False, repr=False, kw_only=True)
-    key: Any = field(default=None, compare=False, repr=False, kw_only=True)  # its build's: its entries' identity
+    key: Any = field(default=None, compare=False, repr=False, kw_only=True)  # its build's: its artifact's identity
 
     def abandon(self) -> None:
         """Given up as timed out (``Build`` contract): stop the workers if the run is stuck in one."""
@@ -63,13 +64,18 @@ class _CacheRun:
         if self.in_worker.is_set():
             pool.stop_workers()
 
+    @functools.cached_property
+    def artifact(self) -> DeepGemmEntries:
+        """Its build's artifact: the entries it makes, under its build's identity."""
+        return DeepGemmEntries(self.key, self.module, self.device, self)
+
     def own_kernel(self) -> tuple[str, dict[str, set[str]]] | None:
         """The one kernel this run makes, as :func:`.entries.own_entries` finds its entry, where that is known."""
         return None
 
     def __call__(self) -> Outcome:
         own = self.own_kernel()
-        record = DeepGemmEntries(self.key, self.module, self.device, self) if own is not None else None
+        record = self.artifact if own is not None else None
         if own is not None and record is not None:
             there = own_entries(*own, among=record.vouched())
             if there:  # made or installed before, under this identity: nothing to run, no worker to start
