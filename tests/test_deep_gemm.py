@@ -22,14 +22,13 @@ from buildops.backends.deep_gemm import (
     m_values,
 )
 from buildops.backends.deep_gemm.heuristics import tilings
+from buildops.backends.deep_gemm.runs import GemmRun, ScalesRun
 
 from conftest import WAIT
 
 
 def gemm_builds(*args, **kwargs):
     """The GEMM builds of ``deep_gemm_builds(*args, **kwargs)``, without the scales' copies."""
-    from buildops.backends.deep_gemm.runs import GemmRun
-
     return [b for b in deep_gemm_builds(*args, **kwargs) if isinstance(b.run, GemmRun)]
 
 
@@ -109,8 +108,10 @@ def test_weights_on_meta_build_for_the_current_gpu():
     model = nn.Module()
     model.w = nn.Parameter(torch.empty(512, 256, dtype=torch.float8_e4m3fn, device="meta"), requires_grad=False)
     family = DeepGemmFamily(max_tokens=lambda config: 64, module="fake_deep_gemm")
-    [build] = family.builds(model, None)
-    assert build.uses_gpu and build.run.device == f"cuda:{torch.cuda.current_device()}"
+    builds = family.builds(model, None)
+    assert {type(build.run) for build in builds} == {GemmRun, ScalesRun}  # the GEMMs and their scales' copy
+    device = f"cuda:{torch.cuda.current_device()}"
+    assert all(build.uses_gpu and build.run.device == device for build in builds)
 
 
 @pytest.mark.parametrize("make, error", [
@@ -495,8 +496,6 @@ def sm90(monkeypatch):
 @pytest.mark.parametrize("executor", ["threads", "processes"])
 def test_predicted_builds_run_once_per_kernel_and_serving_at_any_m_compiles_nothing(fake, sm90, tmp_path, calls,
                                                                                    executor):
-    from buildops.backends.deep_gemm.runs import GemmRun
-
     shapes = [GemmShape("dense", 256, 384), GemmShape("contiguous", 256, 384, 3), GemmShape("masked", 256, 384, 2)]
     rows = contiguous_rows(300, 3, top_k=2)
     every_m = {"dense": range(1, 301), "contiguous": range(128, rows + 1, 128), "masked": range(1, 301)}
@@ -535,8 +534,6 @@ def test_predicted_builds_run_once_per_kernel_and_serving_at_any_m_compiles_noth
 
 
 def test_a_deep_gemm_whose_choice_is_not_reproduced_runs_every_m_of_the_sweep(fake, sm90, monkeypatch):
-    from buildops.backends.deep_gemm.runs import GemmRun
-
     monkeypatch.setattr(fake, "__version__", "2.7.0")
     [build] = [b for b in deep_gemm_builds([GemmShape("dense", 256, 384)], 300, mode="relaxed",
                                            module="fake_deep_gemm", device="cpu") if isinstance(b.run, GemmRun)]
