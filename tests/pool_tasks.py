@@ -1,6 +1,7 @@
 """Tasks for worker-pool tests, in a module of their own: spawned workers import it, and it imports nothing heavy."""
 
 import os
+import signal
 import time
 
 
@@ -12,6 +13,10 @@ def slow(seconds: float) -> float:
 def crash(after: float) -> None:
     time.sleep(after)
     os._exit(3)  # as a segfault in a compiler would end the worker
+
+
+def segfault() -> None:
+    os.kill(os.getpid(), signal.SIGSEGV)  # as a native library's crash ends the worker
 
 
 def crash_then_hang(marker: str) -> None:

@@ -87,7 +87,19 @@ def test_a_crashing_build_fails_alone_and_the_builds_beside_it_finish():
         time.sleep(0.3)  # running in a worker when the other worker dies, and its retry when the retry dies
         run("crasher", pool_tasks.crash, 0.5)
         beside.join(60)
-        assert results == {"beside": 2.0, "crasher": "buildops: test worker crashed twice building crasher"}
+        assert results == {"beside": 2.0, "crasher": "buildops: test worker crashed twice building crasher "
+                                                      "(the worker exited with status 3)"}
+    finally:
+        pool.shutdown()
+
+
+def test_a_build_that_crashes_its_worker_natively_says_of_which_signal():
+    import pool_tasks
+
+    pool = WorkerPool("test", lambda: 1)
+    try:
+        with pytest.raises(RuntimeError, match=r"crashed twice building probe \(the worker died of SIGSEGV\)$"):
+            pool.run("probe", pool_tasks.segfault)
     finally:
         pool.shutdown()
 

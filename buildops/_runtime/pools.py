@@ -30,6 +30,7 @@ import contextlib
 import functools
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -49,6 +50,22 @@ logger = logging.getLogger("buildops")
 
 # How long shutdown() (where it was given no deadline) and the interpreter's exit wait for a pool that is starting.
 START_WAIT_SECONDS = 60.0
+
+
+def _how_it_ended(processes: Sequence[Any]) -> str:
+    """How a crashed pool's worker ended, as the tail of the crash's message: a signal (SIGSEGV, SIGABRT) points at
+    native code in the build, an exit status at code that called ``os._exit``. Read from the statuses the pool's own
+    thread caches as it reaps its workers, after :func:`ended_importing_main` waited for them."""
+    code = next((status for p in processes if (status := getattr(getattr(p, "_popen", None), "returncode", None))),
+                None)
+    if code is None:
+        return ""
+    if code > 0:
+        return f" (the worker exited with status {code})"
+    try:
+        return f" (the worker died of {signal.Signals(-code).name})"
+    except ValueError:
+        return f" (the worker died of signal {-code})"
 
 
 def _worker_processes(pool: concurrent.futures.ProcessPoolExecutor) -> dict[int, Any]:
@@ -228,7 +245,8 @@ class WorkerPool:
         except concurrent.futures.process.BrokenProcessPool:
             self._raise_if_main_ran(list(processes.values()))
             self._refuse_if_given_up(what, given_up)
-            raise RuntimeError(f"buildops: {self.name} worker crashed twice building {what}") from None
+            ended = _how_it_ended(list(processes.values()))
+            raise RuntimeError(f"buildops: {self.name} worker crashed twice building {what}{ended}") from None
         finally:
             with self._lock:
                 self._alone.discard(alone)
