@@ -21,6 +21,7 @@ import argparse
 import ctypes
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -133,8 +134,26 @@ def start(arm: str, args: argparse.Namespace, store: str) -> dict:
                    str(args.max_tokens), "--mode", args.mode, "--top-k", str(args.top_k)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
-            raise SystemExit(f"{arm} start failed:\n{done.stderr[-3000:]}")
+            raise SystemExit(f"{arm} start failed:\n{done.stderr[-3000:]}\n{probe(args.model)}")
         return json.loads(done.stdout.rpartition("RESULT ")[2].splitlines()[0])
+
+
+def probe(model: str) -> str:
+    """Whether DeepGEMM itself works here, for a failed start's message: one call of the layer's first GEMM at M=1,
+    in a fresh process with an empty cache and without buildops (a crashing install fails every build of a pass)."""
+    call = ("from benchmarks.deep_gemm_warmup import _shapes; from buildops.backends.deep_gemm.runs import run_shape; "
+            f"run_shape('deep_gemm', _shapes({model!r})[0], (1,), 'cuda:0', 0)")
+    with tempfile.TemporaryDirectory(prefix="buildops-dg-probe-") as cache:
+        env = dict(os.environ, DG_JIT_CACHE_DIR=cache, PYTHONPATH=os.pathsep.join(
+            filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
+        done = subprocess.run([sys.executable, "-c", call], env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode == 0:
+        return "DeepGEMM alone ran the layer's first GEMM in a fresh process: the failure is the pass's"
+    if done.returncode < 0:
+        return (f"DeepGEMM alone died of {signal.Signals(-done.returncode).name} running the layer's first GEMM "
+                "in a fresh process, without buildops: its install on this host is broken")
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return f"DeepGEMM alone failed running the layer's first GEMM in a fresh process, without buildops: {last}"
 
 
 def main() -> None:
