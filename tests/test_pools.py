@@ -104,6 +104,49 @@ def test_a_build_that_crashes_its_worker_natively_says_of_which_signal():
         pool.shutdown()
 
 
+def test_a_crash_watch_refuses_only_with_nothing_returned_nothing_running_and_three_native_crashes():
+    import signal
+
+    from buildops._runtime.crashes import CrashWatch
+
+    watch = CrashWatch("test")
+    watch.crashed("killed", -signal.SIGKILL)  # from outside (the OOM killer): not the library's crash
+    watch.crashed("exited", 3)
+    with watch.running():
+        for name in "abc":
+            watch.crashed(name, -signal.SIGSEGV)
+        watch.refuse("beside a running call")  # which may yet return: not refused
+    with pytest.raises(RuntimeError, match=r"^buildops: d not tried: test workers crashed on a, b, c and built "):
+        watch.refuse("d")
+    watch.returned(None)
+    watch.refuse("after a call returned")  # then every crash was one kernel's
+
+
+@pytest.mark.parametrize("built_first", [False, True])
+def test_a_pool_whose_every_build_crashes_stops_trying_and_one_that_built_goes_on(built_first):
+    """A library that crashes natively in every worker (a broken install) costs its pass three builds' crashes, not
+    one per kernel; where a build has succeeded, crashes are single kernels' and every build is still tried."""
+    import pool_tasks
+
+    pool = WorkerPool("test", lambda: 1)
+    try:
+        if built_first:
+            assert pool.run("first", pool_tasks.slow, 0.0) == 0.0
+        with pytest.raises(RuntimeError, match="crashed twice building an exit "):
+            pool.run("an exit", pool_tasks.crash, 0.0)  # an exit status, not the library's native crash: not counted
+        for name in ("a", "b", "c"):
+            with pytest.raises(RuntimeError, match=f"crashed twice building {name} "):
+                pool.run(name, pool_tasks.segfault)
+        if built_first:
+            assert pool.run("fourth", pool_tasks.slow, 0.0) == 0.0
+        else:
+            with pytest.raises(RuntimeError, match=r"fourth not tried: test workers crashed on a, b, c and built "
+                                                   r"nothing$"):
+                pool.run("fourth", pool_tasks.slow, 0.0)
+    finally:
+        pool.shutdown()
+
+
 def test_shutdown_with_a_timeout_does_not_wait_for_a_worker_still_building():
     import time
 

@@ -30,7 +30,6 @@ import contextlib
 import functools
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._config import settings
+from .crashes import CrashWatch, end_status, how_it_ended
 from .forking import forget_in_child
 from .hooks import on_shutdown
 from .main_module import context, ended_importing_main, names_of_main, refuse_while_importing_main
@@ -50,22 +50,6 @@ logger = logging.getLogger("buildops")
 
 # How long shutdown() (where it was given no deadline) and the interpreter's exit wait for a pool that is starting.
 START_WAIT_SECONDS = 60.0
-
-
-def _how_it_ended(processes: Sequence[Any]) -> str:
-    """How a crashed pool's worker ended, as the tail of the crash's message: a signal (SIGSEGV, SIGABRT) points at
-    native code in the build, an exit status at code that called ``os._exit``. Read from the statuses the pool's own
-    thread caches as it reaps its workers, after :func:`ended_importing_main` waited for them."""
-    code = next((status for p in processes if (status := getattr(getattr(p, "_popen", None), "returncode", None))),
-                None)
-    if code is None:
-        return ""
-    if code > 0:
-        return f" (the worker exited with status {code})"
-    try:
-        return f" (the worker died of {signal.Signals(-code).name})"
-    except ValueError:
-        return f" (the worker died of signal {-code})"
 
 
 def _worker_processes(pool: concurrent.futures.ProcessPoolExecutor) -> dict[int, Any]:
@@ -111,6 +95,7 @@ class WorkerPool:
         self._turns = Turns()  # one call per worker at a time, urgent builds first
         self._limit: int | None = None  # fewer calls at once than workers, where limit() said so
         self._size = 0  # the workers of the pool now started
+        self._crashes = CrashWatch(name)  # refuses calls once the workers crash whatever they run
 
     @property
     def started(self) -> bool:
@@ -210,27 +195,37 @@ class WorkerPool:
         """``fn(*args)`` in a worker, once it has its turn (see the module docstring). When a worker crashes, every
         call in flight on the pool fails with it, so each is retried once, alone in a worker of its own: only the
         call that crashed it crashes again, and then it raises. A call whose ``given_up`` is set by then (see
-        :meth:`stop_workers`) raises instead.
+        :meth:`stop_workers`) raises instead, and so does one that :class:`~.crashes.CrashWatch` refuses.
 
         Raises:
             ImportError: ``fn`` or ``args`` name something defined in the main module, which workers do not import.
-            RuntimeError: the call was given up, crashed twice, or a worker imported a main module that starts
-                builds as it is imported (the message says what to change).
+            RuntimeError: the call was given up, crashed twice, was not run after crashes with nothing built, or a
+                worker imported a main module that starts builds as it is imported (the message says what to
+                change).
         """
         named = names_of_main((fn, args))
         if named:
             raise ImportError(f"buildops: {what} passes {', '.join(named)} of the main module to a "
                               f"{self.name} worker, which does not import the main module; define it in a module "
                               "of its own")
+        self._crashes.refuse(what)
         pool = self.get()
         processes = _worker_processes(pool)
         self._refuse_if_given_up(what, given_up)
-        try:
-            with self._turns.turn():
-                self._refuse_if_given_up(what, given_up)  # it may have been given up while it waited
-                return pool.submit(fn, *args).result()
-        except concurrent.futures.process.BrokenProcessPool:
-            self._replace(pool)
+        with contextlib.ExitStack() as running:
+            try:
+                with self._turns.turn():
+                    self._refuse_if_given_up(what, given_up)  # it may have been given up while it waited
+                    self._crashes.refuse(what)
+                    running.enter_context(self._crashes.running())  # until the end of its retry, if any
+                    return self._crashes.returned(pool.submit(fn, *args).result())
+            except concurrent.futures.process.BrokenProcessPool:
+                self._replace(pool)
+            return self._retry_alone(what, fn, args, given_up, processes)
+
+    def _retry_alone(self, what: str, fn: Callable, args: tuple, given_up: threading.Event | None,
+                     processes: dict[int, Any]) -> Any:
+        """The retry of a call whose worker crashed, in a worker of its own (see :meth:`run`)."""
         self._raise_if_main_ran(list(processes.values()))
         self._refuse_if_given_up(what, given_up)
         logger.warning("buildops: a %s worker crashed while it built %s (or another build beside it); retrying it "
@@ -241,12 +236,14 @@ class WorkerPool:
         with self._lock:
             self._alone.add(alone)  # stop_workers() stops it too
         try:
-            return alone.submit(fn, *args).result()
+            return self._crashes.returned(alone.submit(fn, *args).result())
         except concurrent.futures.process.BrokenProcessPool:
             self._raise_if_main_ran(list(processes.values()))
             self._refuse_if_given_up(what, given_up)
-            ended = _how_it_ended(list(processes.values()))
-            raise RuntimeError(f"buildops: {self.name} worker crashed twice building {what}{ended}") from None
+            code = end_status(list(processes.values()))
+            self._crashes.crashed(what, code)
+            message = f"buildops: {self.name} worker crashed twice building {what}{how_it_ended(code)}"
+            raise RuntimeError(message) from None
         finally:
             with self._lock:
                 self._alone.discard(alone)
@@ -351,6 +348,7 @@ class WorkerPool:
         self._lock, self._launch_lock, self._launcher = threading.Lock(), threading.Lock(), None
         self._pool, self._starting, self._alone, self._stopping = None, [], set(), []
         self._main_ran, self._turns, self._limit = None, Turns(), None
+        self._crashes = CrashWatch(self.name)
         if self._preload:
             _forget_the_forkserver()
 
