@@ -31,7 +31,6 @@ from .versions import (
     ALIGNMENT_KNOB,
     BLOCK,
     DEFAULT_ALIGNMENT,
-    KINDS,
     SCALES_COPY,
     SMS_KNOB,
     UNREAD_KNOB,
@@ -103,7 +102,7 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
         if not ms:
             continue
         widths.add(math.ceil(shape.k / BLOCK))
-        name = f"{KINDS[shape.kind]} E={shape.experts} N={shape.n} K={shape.k}"
+        name = shape.describe()
         if why_not is not None:
             add(("deep_gemm", module, shape, ms, knobs, arch, sms), f"{name} x {len(ms)} M", GemmRun, shape=shape,
                 ms=ms)

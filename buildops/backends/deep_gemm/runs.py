@@ -150,7 +150,8 @@ class GemmRun(_CacheRun):
             "epilogue": {PLAIN_EPILOGUE}}
 
     def _task(self) -> tuple[str, Callable[..., Any], tuple]:
-        return str(self.shape), run_shape, (self.module, self.shape, self.ms, self.device)
+        at = f" {self.tiling} at M {self.ms[0]}" if self.tiling else f" x {len(self.ms)} M"
+        return self.shape.describe() + at, run_shape, (self.module, self.shape, self.ms, self.device)
 
 
 @dataclass(frozen=True)

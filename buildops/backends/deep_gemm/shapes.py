@@ -48,6 +48,10 @@ class GemmShape:
         if self.kind == "dense" and self.experts != 1:
             raise ValueError("GemmShape('dense') has no experts")
 
+    def describe(self) -> str:
+        """DeepGEMM's entry point and the sizes, as reports and logs name the shape."""
+        return f"{KINDS[self.kind]} E={self.experts} N={self.n} K={self.k}"
+
     def operand_bytes(self, m: int, align_m: int = ALIGN_M) -> int:
         """Bytes of the dummy operands for ``m`` rows (tokens; per expert for ``masked``), and of the copy of the
         activations' scales DeepGEMM makes in each call; ``align_m``: the contiguous layout's row alignment."""
