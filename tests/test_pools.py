@@ -143,6 +143,8 @@ def test_a_pool_whose_every_build_crashes_stops_trying_and_one_that_built_goes_o
             with pytest.raises(RuntimeError, match=r"fourth not tried: test workers crashed on a, b, c and built "
                                                    r"nothing$"):
                 pool.run("fourth", pool_tasks.slow, 0.0)
+            pool.shutdown()
+            assert pool.run("after a shutdown", pool_tasks.slow, 0.0) == 0.0  # a new pool tries again
     finally:
         pool.shutdown()
 

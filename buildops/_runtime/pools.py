@@ -328,6 +328,7 @@ class WorkerPool:
         locked = self._lock.acquire(timeout=limit)
         try:
             pool, self._pool, self._starting, self._main_ran = self._pool, None, [], None
+            self._crashes = CrashWatch(self.name)  # a pool started after this one tries its calls again
         finally:
             if locked:
                 self._lock.release()
