@@ -736,8 +736,8 @@ def test_the_deep_gemm_pool_holds_as_many_contexts_as_free_memory_allows(monkeyp
     class Pool:
         calls, limits = [], []
 
-        def run(self, what, fn, *args):
-            self.calls.append((what, fn, args))
+        def run(self, what, fn, *args, build=True):
+            self.calls.append((what, fn, args, build))
 
         def limit(self, calls):
             self.limits.append(calls)
@@ -752,7 +752,7 @@ def test_the_deep_gemm_pool_holds_as_many_contexts_as_free_memory_allows(monkeyp
         assert "hold their contexts, whatever their size" in caplog.text
     else:
         assert (sizing.workers, sizing.context_bytes) == (workers, context_mib * mib) and Pool.calls == [
-            ("a CUDA context", deep_gemm_workers.open_context, ("cuda:0",))]
+            ("a CUDA context", deep_gemm_workers.open_context, ("cuda:0",), False)]  # a probe, not a build
         assert f"takes {context_mib} MiB" in caplog.text
     buildops.testing.reset()
     assert deep_gemm_workers.deep_gemm_state.sizing is None
@@ -766,7 +766,7 @@ def test_a_worker_that_cannot_open_a_context_leaves_the_builds_one_at_a_time(mon
     class Pool:
         limits = []
 
-        def run(self, what, fn, *args):
+        def run(self, what, fn, *args, build=True):
             raise RuntimeError("CUDA error: out of memory")
 
         def limit(self, calls):

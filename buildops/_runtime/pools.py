@@ -191,11 +191,14 @@ class WorkerPool:
         """True once the workers have started and every one warmed up without error."""
         return self._pool is not None and all(f.done() and f.exception() is None for f in self._starting)
 
-    def run(self, what: str, fn: Callable, *args: Any, given_up: threading.Event | None = None) -> Any:
+    def run(self, what: str, fn: Callable, *args: Any, given_up: threading.Event | None = None,
+            build: bool = True) -> Any:
         """``fn(*args)`` in a worker, once it has its turn (see the module docstring). When a worker crashes, every
         call in flight on the pool fails with it, so each is retried once, alone in a worker of its own: only the
         call that crashed it crashes again, and then it raises. A call whose ``given_up`` is set by then (see
-        :meth:`stop_workers`) raises instead, and so does one that :class:`~.crashes.CrashWatch` refuses.
+        :meth:`stop_workers`) raises instead, and so does one that :class:`~.crashes.CrashWatch` refuses. A call that
+        is not a build (``build=False``: a probe of the workers themselves) does not tell the watch, as it returns,
+        that the pool's builds work.
 
         Raises:
             ImportError: ``fn`` or ``args`` name something defined in the main module, which workers do not import.
@@ -218,10 +221,13 @@ class WorkerPool:
                     self._refuse_if_given_up(what, given_up)  # it may have been given up while it waited
                     self._crashes.refuse(what)
                     running.enter_context(self._crashes.running())  # until the end of its retry, if any
-                    return self._crashes.returned(pool.submit(fn, *args).result())
+                    return self._returned(pool.submit(fn, *args).result(), build)
             except concurrent.futures.process.BrokenProcessPool:
                 self._replace(pool)
-            return self._retry_alone(what, fn, args, given_up, processes)
+            return self._returned(self._retry_alone(what, fn, args, given_up, processes), build)
+
+    def _returned(self, result: Any, build: bool) -> Any:
+        return self._crashes.returned(result) if build else result
 
     def _retry_alone(self, what: str, fn: Callable, args: tuple, given_up: threading.Event | None,
                      processes: dict[int, Any]) -> Any:
@@ -236,7 +242,7 @@ class WorkerPool:
         with self._lock:
             self._alone.add(alone)  # stop_workers() stops it too
         try:
-            return self._crashes.returned(alone.submit(fn, *args).result())
+            return alone.submit(fn, *args).result()
         except concurrent.futures.process.BrokenProcessPool:
             self._raise_if_main_ran(list(processes.values()))
             self._refuse_if_given_up(what, given_up)

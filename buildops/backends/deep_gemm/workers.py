@@ -107,7 +107,7 @@ def _measure(device: torch.device) -> Sizing:
     if room >= threads * CONTEXT_CEILING_BYTES:  # no context's size could bind: all start at once, unmeasured
         return Sizing(threads, None, room)
     try:
-        pool.run("a CUDA context", open_context, str(device))
+        pool.run("a CUDA context", open_context, str(device), build=False)
     except Exception as error:  # noqa: BLE001 - the builds then find out for themselves, one at a time
         logger.warning("buildops: DeepGEMM's first worker could not open a CUDA context on %s (%s: %s); its builds "
                        "run one at a time", device, type(error).__name__, error)
