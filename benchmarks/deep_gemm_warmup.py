@@ -122,10 +122,15 @@ def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int) -> dict:
 ARMS = ("serial", "buildops", "nvrtc", "second")
 
 
+def _fresh_env(cache: str) -> dict[str, str]:
+    """A child's environment: DeepGEMM's JIT cache in ``cache`` (empty), the repository first on PYTHONPATH."""
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    return {**os.environ, "DG_JIT_CACHE_DIR": cache, "PYTHONPATH": path}
+
+
 def start(arm: str, args: argparse.Namespace, store: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="buildops-dg-bench-") as cache:
-        path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
-        env = dict(os.environ, DG_JIT_CACHE_DIR=cache, PYTHONPATH=path, BUILDOPS_DEEP_GEMM_M=args.mode)
+        env = {**_fresh_env(cache), "BUILDOPS_DEEP_GEMM_M": args.mode}
         if arm == "nvrtc":
             env["DG_JIT_USE_NVRTC"] = "1"
         if arm in ("buildops", "second"):  # the first fills the round's store, the second fetches from it
@@ -144,9 +149,8 @@ def probe(model: str) -> str:
     call = ("from benchmarks.deep_gemm_warmup import _shapes; from buildops.backends.deep_gemm.runs import run_shape; "
             f"run_shape('deep_gemm', _shapes({model!r})[0], (1,), 'cuda:0', 0)")
     with tempfile.TemporaryDirectory(prefix="buildops-dg-probe-") as cache:
-        env = dict(os.environ, DG_JIT_CACHE_DIR=cache, PYTHONPATH=os.pathsep.join(
-            filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
-        done = subprocess.run([sys.executable, "-c", call], env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run([sys.executable, "-c", call], env=_fresh_env(cache), capture_output=True, text=True,
+                              timeout=600)
     if done.returncode == 0:
         return "DeepGEMM alone ran the layer's first GEMM in a fresh process: the failure is the pass's"
     if done.returncode < 0:

@@ -75,9 +75,8 @@ class _CacheRun:
 
     def __call__(self) -> Outcome:
         own = self.own_kernel()
-        record = self.artifact if own is not None else None
-        if own is not None and record is not None:
-            there = own_entries(*own, among=record.vouched())
+        if own is not None:
+            there = own_entries(*own, among=self.artifact.vouched())
             if there:  # made or installed before, under this identity: nothing to run, no worker to start
                 self._took(there)
                 return Outcome(cached=True)
@@ -89,12 +88,12 @@ class _CacheRun:
             finally:
                 new = entry_names() - before
                 taken = new
-                if own is not None and record is not None:
+                if own is not None:
                     # Its own entry, not those of builds beside it (all it saw made, if none reads as its own); if
                     # it made none, every entry its kernel's code would have (the one DeepGEMM loaded among them).
                     taken = own_entries(*own, among=new) or new
                     if taken:
-                        record.vouch(taken)
+                        self.artifact.vouch(taken)
                     else:
                         taken = own_entries(*own)
                 self._took(taken)

@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ALIGNMENT_KNOB", "BLOCK", "BLOCK_MS", "BLOCK_N_MAX", "BLOCK_N_STEP", "CACHE_DIR_ENV", "DEFAULT_ALIGNMENT",
-           "ENTRY_FILES", "ENTRY_POINTS", "KINDS", "KNOB_DEFAULTS", "KNOBS", "MASKED_ROWS", "SCALE_ROWS_ALIGNMENT",
-           "SCALES_COPY", "SMS_KNOB", "cache_root", "call", "compile_settings", "contiguous_alignment", "cuda_home",
-           "entries_dir", "entry_kernel", "include_dir", "is_entry", "kernel_name", "knob_getters", "library_version",
-           "nvcc", "set_knob", "staging_dir", "GEMM_ARGUMENTS", "GEMM_TEMPLATE", "GEMM_TYPES", "KERNEL_NAMES",
-           "MAJOR_K", "PLAIN_EPILOGUE", "SCALES_ARGUMENTS", "SCALES_TEMPLATE", "UNREAD_KNOB"]
+           "ENTRY_FILES", "ENTRY_POINTS", "GEMM_ARGUMENTS", "GEMM_TEMPLATE", "GEMM_TYPES", "KERNEL_NAMES", "KINDS",
+           "KNOBS", "KNOB_DEFAULTS", "MAJOR_K", "MASKED_ROWS", "PLAIN_EPILOGUE", "SCALES_ARGUMENTS", "SCALES_COPY",
+           "SCALES_TEMPLATE", "SCALE_ROWS_ALIGNMENT", "SMS_KNOB", "UNREAD_KNOB", "cache_root", "call",
+           "compile_settings", "contiguous_alignment", "cuda_home", "entries_dir", "entry_kernel", "include_dir",
+           "is_entry", "kernel_name", "knob_getters", "library_version", "nvcc", "set_knob", "staging_dir"]
 
 KINDS = {
     "dense": "fp8_gemm_nt",
