@@ -12,6 +12,7 @@ from torch import nn
 
 import buildops
 from buildops import build_pass, model_created, register_family, report, settings, unregister_family
+from buildops._core.build import Build
 from buildops._runtime.gpu import MemoryGate, NotEnoughGpuMemory
 from buildops.backends.deep_gemm import (
     DeepGemmFamily,
@@ -810,7 +811,7 @@ def test_the_deep_gemm_workers_stop_once_idle_and_start_again_for_a_later_build(
 # -- manifests ----------------------------------------------------------------------------------------------------
 
 def test_a_manifest_prebuilds_the_same_deep_gemm_kernels_on_a_machine_that_never_ran_the_pass(fake, sm90, tmp_path,
-                                                                                            monkeypatch):
+                                                                                            monkeypatch, calls):
     """``buildops prebuild`` of a pass's manifest, into an empty cache: the same kernels, each once; then nothing
     left to compile."""
     from buildops.manifests import load_manifest, prebuild, save_manifest
@@ -825,6 +826,11 @@ def test_a_manifest_prebuilds_the_same_deep_gemm_kernels_on_a_machine_that_never
     manifest = save_manifest(tmp_path / "manifest.json")
     assert {e["label"] for e in load_manifest(manifest)} == {b.describe() for b in builds}
     assert all("not_prebuilt" not in e for e in load_manifest(manifest))
+    from buildops.backends.deep_gemm.recipes import entry, prebuild_build
+    gemms = [b.run for b in builds if isinstance(b.run, GemmRun)]
+    again = [prebuild_build(entry(b)) for b in builds if isinstance(b.run, GemmRun)]
+    assert all(run.tiling is not None for run in gemms)  # predicted: each build one kernel
+    assert [b.run.tiling if isinstance(b, Build) else b for b in again] == [run.tiling for run in gemms]
     buildops.testing.reset()
 
     monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "elsewhere"))
@@ -833,7 +839,8 @@ def test_a_manifest_prebuilds_the_same_deep_gemm_kernels_on_a_machine_that_never
         assert (outcome.compiled, outcome.failed, outcome.refused) == (len(builds), [], [])
         assert {e.name for e in (tmp_path / "elsewhere" / "cache").iterdir()} == made
         buildops.testing.reset()
-        assert prebuild(manifest).cached == len(builds)
+        ran = len(calls())
+        assert prebuild(manifest).cached == len(builds) and len(calls()) == ran  # each its own kernel's: nothing run
     buildops.testing.reset()
 
 

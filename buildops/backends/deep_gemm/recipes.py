@@ -4,13 +4,15 @@ the build store with the kernels the engine's pass listed.
 
 DeepGEMM compiles a kernel by running it, so a prebuild needs a GPU of the architecture the manifest was saved on,
 with at least as many multiprocessors as the kernels were tiled for (they are set in the worker as the engine had
-them). An entry holds what the build runs (the shape and its Ms, or the scales' width), DeepGEMM's settings and the
+them). An entry holds what the build runs (the shape, its Ms and the predicted tiling, or the scales' width),
+DeepGEMM's settings and the
 identity under which the build store keeps the kernels; a machine on which that identity differs (another DeepGEMM
 version or install path, nvcc, ``DG_*`` settings or machine type) refuses it: its kernels would be others.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from typing import Any
 
@@ -18,6 +20,7 @@ import torch
 
 from ..._core.build import Build
 from .entries import DeepGemmEntries
+from .heuristics import Tiling
 from .knobs import device_arch, device_sms
 from .runs import GemmRun, ScalesRun
 from .shapes import GemmShape
@@ -39,6 +42,8 @@ def entry(build: Build) -> dict[str, Any] | str:
     if isinstance(run, GemmRun):
         shape = run.shape
         what: dict[str, Any] = {"gemm": [shape.kind, shape.n, shape.k, shape.experts], "ms": list(run.ms)}
+        if run.tiling is not None:  # predicted: a prebuild takes its one kernel's entry, as the pass did
+            what["tiling"] = dataclasses.astuple(run.tiling)
     elif isinstance(run, ScalesRun):
         what = {"scales_per_row": run.scales_per_row}
     else:
@@ -69,8 +74,10 @@ def prebuild_build(item: dict[str, Any]) -> Build | str:
     label, op, ran_with = item.get("label", ""), item.get("op", "prebuild"), tuple(knobs.items())
     if "gemm" in item:
         kind, n, k, experts = item["gemm"]
+        tiling = Tiling(*item["tiling"]) if "tiling" in item else None
         run: GemmRun | ScalesRun = GemmRun(module, str(device), op, ran_with, key=key,
-                                           shape=GemmShape(kind, n, k, experts), ms=tuple(item["ms"]))
+                                           shape=GemmShape(kind, n, k, experts), ms=tuple(item["ms"]),
+                                           tiling=tiling, sms=tiled_for if tiling is not None else 0)
     else:
         run = ScalesRun(module, str(device), op, ran_with, key=key, scales_per_row=item["scales_per_row"])
     artifact = run.artifact
