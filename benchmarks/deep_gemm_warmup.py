@@ -6,7 +6,8 @@ as the builder has threads and free GPU memory holds contexts); the pass with De
 the first pass of the round filled. Each start runs in a fresh process with an empty ``DG_JIT_CACHE_DIR``; after
 its warmup, the same GEMMs at every M up to the bound (a contiguous shape's: every aligned row count up to its
 padded rows) must compile nothing (new cache entries are counted as late). The arms take turns over ``--rounds``;
-medians last.
+medians last. A start that fails is reported with why, DeepGEMM alone having been tried with the arm's settings,
+and the other arms go on.
 
     python3 benchmarks/deep_gemm_warmup.py [--model qwen3-30b-a3b|deepseek-v3] [--max-tokens 1024] [--top-k 8]
                                            [--mode relaxed|full] [--rounds 3] [--arms serial,buildops,nvrtc,second]
@@ -129,35 +130,42 @@ def _fresh_env(cache: str) -> dict[str, str]:
 
 
 def start(arm: str, args: argparse.Namespace, store: str) -> dict:
+    """One start of ``arm`` in a fresh process: its result, or ``{"arm", "error"}`` saying why it failed."""
     with tempfile.TemporaryDirectory(prefix="buildops-dg-bench-") as cache:
-        env = {**_fresh_env(cache), "BUILDOPS_DEEP_GEMM_M": args.mode}
-        if arm == "nvrtc":
-            env["DG_JIT_USE_NVRTC"] = "1"
+        env = {**_fresh_env(cache), "BUILDOPS_DEEP_GEMM_M": args.mode, **_deep_gemm_env(arm)}
         if arm in ("buildops", "second"):  # the first fills the round's store, the second fetches from it
             env["BUILDOPS_STORE"] = store
         command = [sys.executable, __file__, "--child", arm, "--model", args.model, "--max-tokens",
                    str(args.max_tokens), "--mode", args.mode, "--top-k", str(args.top_k)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
-            raise SystemExit(f"{arm} start failed:\n{done.stderr[-3000:]}\n{probe(args.model)}")
+            print(f"{arm} start failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+            return {"arm": arm, "error": probe(args.model, arm)}
         return json.loads(done.stdout.rpartition("RESULT ")[2].splitlines()[0])
 
 
-def probe(model: str) -> str:
-    """Whether DeepGEMM itself works here, for a failed start's message: one call of the layer's first GEMM at M=1,
-    in a fresh process with an empty cache and without buildops (a crashing install fails every build of a pass)."""
+def _deep_gemm_env(arm: str) -> dict[str, str]:
+    """DeepGEMM's own settings of an arm: the NVRTC arm compiles with NVRTC instead of nvcc."""
+    return {"DG_JIT_USE_NVRTC": "1"} if arm == "nvrtc" else {}
+
+
+def probe(model: str, arm: str) -> str:
+    """Whether DeepGEMM itself works here with ``arm``'s settings, for a failed start's message: one call of the
+    layer's first GEMM at M=1, in a fresh process with an empty cache and without buildops (a broken install or
+    compiler fails every build of a pass)."""
     call = ("from benchmarks.deep_gemm_warmup import _shapes; from buildops.backends.deep_gemm.runs import run_shape; "
             f"run_shape('deep_gemm', _shapes({model!r})[0], (1,), 'cuda:0', 0)")
+    settings = "".join(f" with {name}={value}" for name, value in _deep_gemm_env(arm).items())
     with tempfile.TemporaryDirectory(prefix="buildops-dg-probe-") as cache:
-        done = subprocess.run([sys.executable, "-c", call], env=_fresh_env(cache), capture_output=True, text=True,
-                              timeout=600)
+        done = subprocess.run([sys.executable, "-c", call], env={**_fresh_env(cache), **_deep_gemm_env(arm)},
+                              capture_output=True, text=True, timeout=600)
     if done.returncode == 0:
-        return "DeepGEMM alone ran the layer's first GEMM in a fresh process: the failure is the pass's"
+        return f"the pass failed; DeepGEMM alone{settings} ran the layer's first GEMM in a fresh process"
     if done.returncode < 0:
-        return (f"DeepGEMM alone died of {signal.Signals(-done.returncode).name} running the layer's first GEMM "
-                "in a fresh process, without buildops: its install on this host is broken")
+        return (f"DeepGEMM alone{settings} died of {signal.Signals(-done.returncode).name} running the layer's first "
+                "GEMM in a fresh process, without buildops: its install on this host is broken")
     last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return f"DeepGEMM alone failed running the layer's first GEMM in a fresh process, without buildops: {last}"
+    return f"DeepGEMM alone{settings} failed running the layer's first GEMM, without buildops: {last}"
 
 
 def main() -> None:
@@ -186,28 +194,42 @@ def main() -> None:
                                                *(["second"] if "second" in arms else [])]
         with tempfile.TemporaryDirectory(prefix="buildops-dg-store-") as store:
             for arm in order:
-                results.append({**start(arm, args, f"file://{store}"), "round": round_})
+                if arm == "second" and any("error" in r for r in results if r["round"] == round_
+                                           and r["arm"] == "buildops"):
+                    results.append({"arm": arm, "error": "its store's pass failed", "round": round_})
+                else:
+                    results.append({**start(arm, args, f"file://{store}"), "round": round_})
                 r = results[-1]
-                print(f"round {round_} {arm:9s} {r['warmup_s']:7.2f} s  {r['runs']} runs  {r['kernels']} kernels  "
-                      f"{r['workers']} workers  {r['late']} late", file=sys.stderr)
+                print(f"round {round_} {arm:9s} " + (f"failed: {r['error']}" if "error" in r else
+                      f"{r['warmup_s']:7.2f} s  {r['runs']} runs  {r['kernels']} kernels  {r['workers']} workers  "
+                      f"{r['late']} late"), file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "starts": results},
                                         indent=1))
 
     def median(arm: str, key: str) -> float:
-        return statistics.median(r[key] for r in results if r["arm"] == arm)
+        return statistics.median(r[key] for r in ran if r["arm"] == arm)
+
+    ran = [r for r in results if "error" not in r]
 
     print(f"\n{args.model}: {len(_shapes(args.model))} shapes, {args.max_tokens} tokens, top-{args.top_k} "
           f"({args.mode} sweep), {args.rounds} rounds, medians")
     print(f"{'warmup':10s} {'seconds':>8s} {'runs':>6s} {'kernels':>8s} {'workers':>8s} {'late (max)':>11s}")
     for arm in arms:
-        late = max(r["late"] for r in results if r["arm"] == arm)
-        print(f"{arm:10s} {median(arm, 'warmup_s'):8.2f} {median(arm, 'runs'):6.0f} {median(arm, 'kernels'):8.0f} "
-              f"{median(arm, 'workers'):8.0f} {late:11d}")
+        errors = [r["error"] for r in results if r["arm"] == arm and "error" in r]
+        if len(errors) < args.rounds:
+            late = max(r["late"] for r in ran if r["arm"] == arm)
+            print(f"{arm:10s} {median(arm, 'warmup_s'):8.2f} {median(arm, 'runs'):6.0f} "
+                  f"{median(arm, 'kernels'):8.0f} {median(arm, 'workers'):8.0f} {late:11d}")
+        if errors:
+            print(f"{arm:10s} failed in {len(errors)} of {args.rounds} rounds: {errors[-1]}")
     for arm in arms[1:] if arms[:1] == ["serial"] else []:
-        ratios = [s["warmup_s"] / b["warmup_s"] for s, b in zip((r for r in results if r["arm"] == "serial"),
-                                                               (r for r in results if r["arm"] == arm))]
-        print(f"serial / {arm}: {statistics.median(ratios):.2f}x (per round {', '.join(f'{x:.2f}' for x in ratios)})")
+        by_round = {(r["arm"], r["round"]): r["warmup_s"] for r in ran}
+        ratios = [by_round["serial", n] / by_round[arm, n] for n in range(args.rounds)
+                  if ("serial", n) in by_round and (arm, n) in by_round]
+        if ratios:
+            print(f"serial / {arm}: {statistics.median(ratios):.2f}x "
+                  f"(per round {', '.join(f'{x:.2f}' for x in ratios)})")
 
 if __name__ == "__main__":
     main()
