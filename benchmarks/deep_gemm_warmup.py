@@ -84,6 +84,7 @@ def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int) -> dict:
     start = time.perf_counter()
     sweeps = {shape: shape_ms(shape, max_tokens, mode, sms, top_k) for shape in shapes}
     workers = runs = 0
+    timeline: dict[str, float] = {}
     if arm == "serial":
         for shape in shapes:
             runs += run_shape("deep_gemm", shape, sweeps[shape], device, 0)
@@ -107,6 +108,7 @@ def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int) -> dict:
         runs = sum(len(getattr(record.build.run, "ms", (1,))) for record in done.builds
                    if record.origin != "store")
         workers = deep_gemm_state.sizing.workers if deep_gemm_state.sizing is not None else 0
+        timeline = _timeline([record for record in done.builds if record.origin != "store"], start)
     warmup_s = time.perf_counter() - start
     built = entry_names()
     for shape in shapes:  # every M up to the bound
@@ -117,7 +119,19 @@ def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int) -> dict:
             run_shape("deep_gemm", shape, range(1, max_tokens + 1), device, 0)
     torch.cuda.synchronize()
     return {"arm": arm, "warmup_s": warmup_s, "kernels": len(built), "late": len(entry_names() - built),
-            "runs": runs, "workers": workers}
+            "runs": runs, "workers": workers, **timeline}
+
+
+def _timeline(records: list, start: float) -> dict[str, float]:
+    """Where a pass's time went, from its builds' records: when the first run began and the last ended (seconds
+    after the warmup's start), and a run's median and longest seconds (a worker's first run includes its start)."""
+    ran = [record for record in records if record.started is not None]
+    if not ran:
+        return {}
+    seconds = [record.seconds for record in ran]
+    return {"first_run_s": min(record.started for record in ran) - start,
+            "last_end_s": max(record.started + record.seconds for record in ran) - start,
+            "run_median_s": statistics.median(seconds), "run_max_s": max(seconds)}
 
 
 ARMS = ("serial", "buildops", "nvrtc", "second")
@@ -147,6 +161,13 @@ def start(arm: str, args: argparse.Namespace, store: str) -> dict:
 def _deep_gemm_env(arm: str) -> dict[str, str]:
     """DeepGEMM's own settings of an arm: the NVRTC arm compiles with NVRTC instead of nvcc."""
     return {"DG_JIT_USE_NVRTC": "1"} if arm == "nvrtc" else {}
+
+
+def _timeline_text(result: dict) -> str:
+    if "first_run_s" not in result:
+        return ""
+    return (f"  (runs from {result['first_run_s']:.1f} s to {result['last_end_s']:.1f} s, "
+            f"{result['run_median_s']:.1f} s median, {result['run_max_s']:.1f} s longest)")
 
 
 def probe(model: str, arm: str) -> str:
@@ -202,7 +223,7 @@ def main() -> None:
                 r = results[-1]
                 print(f"round {round_} {arm:9s} " + (f"failed: {r['error']}" if "error" in r else
                       f"{r['warmup_s']:7.2f} s  {r['runs']} runs  {r['kernels']} kernels  {r['workers']} workers  "
-                      f"{r['late']} late"), file=sys.stderr)
+                      f"{r['late']} late" + _timeline_text(r)), file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "starts": results},
                                         indent=1))
