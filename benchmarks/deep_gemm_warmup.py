@@ -105,10 +105,10 @@ def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int) -> dict:
         done = buildops.report()
         if done.total("failed"):  # the figures would time a pass that left its kernels to serving
             raise SystemExit(f"the pass failed builds:\n{done.format()}")
-        runs = sum(len(getattr(record.build.run, "ms", (1,))) for record in done.builds
-                   if record.origin != "store")
+        here = [record for record in done.builds if record.origin != "store"]  # not fetched from the store
+        runs = sum(len(getattr(record.build.run, "ms", (1,))) for record in here)
         workers = deep_gemm_state.sizing.workers if deep_gemm_state.sizing is not None else 0
-        timeline = _timeline([record for record in done.builds if record.origin != "store"], start)
+        timeline = _timeline(here, start)
     warmup_s = time.perf_counter() - start
     built = entry_names()
     for shape in shapes:  # every M up to the bound
@@ -228,10 +228,11 @@ def main() -> None:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "starts": results},
                                         indent=1))
 
+    ran = [r for r in results if "error" not in r]
+    by_round = {(r["arm"], r["round"]): r["warmup_s"] for r in ran}
+
     def median(arm: str, key: str) -> float:
         return statistics.median(r[key] for r in ran if r["arm"] == arm)
-
-    ran = [r for r in results if "error" not in r]
 
     print(f"\n{args.model}: {len(_shapes(args.model))} shapes, {args.max_tokens} tokens, top-{args.top_k} "
           f"({args.mode} sweep), {args.rounds} rounds, medians")
@@ -245,7 +246,6 @@ def main() -> None:
         if errors:
             print(f"{arm:10s} failed in {len(errors)} of {args.rounds} rounds: {errors[-1]}")
     for arm in arms[1:] if arms[:1] == ["serial"] else []:
-        by_round = {(r["arm"], r["round"]): r["warmup_s"] for r in ran}
         ratios = [by_round["serial", n] / by_round[arm, n] for n in range(args.rounds)
                   if ("serial", n) in by_round and (arm, n) in by_round]
         if ratios:

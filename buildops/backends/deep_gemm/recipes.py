@@ -5,9 +5,9 @@ the build store with the kernels the engine's pass listed.
 DeepGEMM compiles a kernel by running it, so a prebuild needs a GPU of the architecture the manifest was saved on,
 with at least as many multiprocessors as the kernels were tiled for (they are set in the worker as the engine had
 them). An entry holds what the build runs (the shape, its Ms and the predicted tiling, or the scales' width),
-DeepGEMM's settings and the
-identity under which the build store keeps the kernels; a machine on which that identity differs (another DeepGEMM
-version or install path, nvcc, ``DG_*`` settings or machine type) refuses it: its kernels would be others.
+DeepGEMM's settings and the identity under which the build store keeps the kernels; a machine on which that identity
+differs (another DeepGEMM version or install path, nvcc, ``DG_*`` settings or machine type) refuses it: its kernels
+would be others.
 """
 
 from __future__ import annotations
