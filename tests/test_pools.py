@@ -26,6 +26,23 @@ def call_in_thread(pool, what, fn, *args, given_up=None):
     return thread, outcome
 
 
+def test_forked_workers_take_the_environment_their_pool_starts_with(monkeypatch):
+    """A worker forked from the forkserver has this process's environment as its pool starts, not the one the
+    forkserver started with: what an engine sets later (DeepGEMM's cache directory, say) reaches its builds, as it
+    reaches spawned workers'."""
+    earlier = WorkerPool("test", lambda: 1, preload=("json",))
+    try:
+        earlier.run("a pid", os.getpid)  # the forkserver runs from here on
+    finally:
+        earlier.shutdown()
+    monkeypatch.setenv("BUILDOPS_TEST_SET_LATER", "seen")
+    pool = WorkerPool("test", lambda: 1, preload=("json",))
+    try:
+        assert pool.run("a variable", os.getenv, "BUILDOPS_TEST_SET_LATER") == "seen"
+    finally:
+        pool.shutdown()
+
+
 def test_a_forked_child_starts_workers_of_its_own():
     """The child forgets the parent's pool and the parent's forkserver, and builds through its own."""
     pool = WorkerPool("test", lambda: 1, preload=("json",))

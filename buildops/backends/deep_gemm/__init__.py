@@ -7,10 +7,11 @@ is reproduced (``heuristics``), once per kernel of every M up to the bound; else
 operands are admitted by the GPU memory gate (``BUILDOPS_GPU_RESERVE_MB``) and the runs go on a worker stream.
 
 DeepGEMM's binding holds the GIL while it compiles, so a build on a thread would stop every other Python thread of
-the process for the whole compile. Builds therefore run in spawned worker processes, each with its own CUDA context,
-as many as the builder's threads and free GPU memory allow, which fill DeepGEMM's disk cache; the process's own
-first call then loads the kernel from there (docs/decisions/0013-deep-gemm-in-worker-processes.md, 0025).
-``BUILDOPS_EXECUTOR=threads`` keeps them on the builder's threads instead.
+the process for the whole compile. Builds therefore run in worker processes (forked from the forkserver, which
+imported torch and the workers' code once for all of them), each with its own CUDA context, as many as the builder's
+threads and free GPU memory allow, which fill DeepGEMM's disk cache; the process's own first call then loads the
+kernel from there (docs/decisions/0013-deep-gemm-in-worker-processes.md, 0025). ``BUILDOPS_EXECUTOR=threads`` keeps
+them on the builder's threads instead.
 
 DeepGEMM's process-global settings (``set_num_sms`` and the like) as this process has them when the builds are
 made are part of each build's key and are set in the worker before it runs (:mod:`.knobs`).

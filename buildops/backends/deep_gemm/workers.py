@@ -29,8 +29,8 @@ from ..._config import settings
 from ..._runtime.pools import WorkerPool
 from .state import deep_gemm_state
 
-__all__ = ["CONTEXT_CEILING_BYTES", "CONTEXT_FLOOR_BYTES", "IDLE_STOP_SECONDS", "Sizing", "in_use", "open_context",
-           "pool", "sized"]
+__all__ = ["CONTEXT_CEILING_BYTES", "CONTEXT_FLOOR_BYTES", "FORKSERVER_PRELOAD", "IDLE_STOP_SECONDS", "Sizing",
+           "in_use", "open_context", "pool", "sized"]
 
 logger = logging.getLogger("buildops")
 _MIB = 1 << 20
@@ -46,7 +46,10 @@ CONTEXT_CEILING_BYTES = 4 << 30
 # another, and a start's worth of workers (a spawn, torch's import, a context) is seconds.
 IDLE_STOP_SECONDS = 2.0
 
-pool = WorkerPool("DeepGEMM build", lambda: max(1, settings.threads))
+# What the forkserver imports once for all the workers it forks: their code, and torch with it (.preload).
+FORKSERVER_PRELOAD = ("buildops.backends.deep_gemm.preload",)
+
+pool = WorkerPool("DeepGEMM build", lambda: max(1, settings.threads), preload=FORKSERVER_PRELOAD)
 
 
 @dataclass(frozen=True)
