@@ -149,9 +149,8 @@ class WorkerPool:
     def _worker_start(self) -> Callable[[], None]:
         # Read here, in this process, as the pool starts: a bad setting raises where the pool is asked for, not in
         # every worker (which would break the pool); and the workers take this process's environment as it is now,
-        # which spawned ones inherit and forked ones are given (the forkserver's is the one it started with).
-        return functools.partial(start_worker, settings.worker_nice, self._initializer, os.getpid(),
-                                 dict(os.environ) if self._preload else None)
+        # which a forked one would not have (the forkserver's is the one it started with).
+        return functools.partial(start_worker, settings.worker_nice, self._initializer, os.getpid(), dict(os.environ))
 
     def start(self) -> None:
         """Start the workers on a thread of their own and return at once."""

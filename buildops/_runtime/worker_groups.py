@@ -22,16 +22,15 @@ __all__ = ["alive", "kill_group", "kill_pgid", "own_group", "start_worker"]
 PARENT_POLL_SECONDS = 0.5
 
 
-def start_worker(nice: int, initializer: Callable | None, parent: int, environ: dict[str, str] | None = None) -> None:
-    """A worker's first step: take ``environ`` where given, the environment of the process that started the pool
-    as it was then (a worker forked from the forkserver has the forkserver's, which lacks what the engine set since
-    the forkserver started, such as a compiler's cache directory); lead a process group of its own, killed once
-    ``parent`` (the process that started the pool) is gone; lower its CPU priority by ``nice`` (the compilers it
-    runs inherit it), then run the pool's initializer. Where the cores are all busy, the engine's own threads then
-    run first (docs/decisions/0003-workers-below-engine-priority.md)."""
-    if environ is not None:
-        os.environ.clear()
-        os.environ.update(environ)
+def start_worker(nice: int, initializer: Callable | None, parent: int, environ: dict[str, str]) -> None:
+    """A worker's first step: take ``environ``, the environment of the process that started the pool as it was then
+    (a worker forked from the forkserver has the forkserver's, which lacks what the engine set since the forkserver
+    started, such as a compiler's cache directory); lead a process group of its own, killed once ``parent`` (the
+    process that started the pool) is gone; lower its CPU priority by ``nice`` (the compilers it runs inherit it),
+    then run the pool's initializer. Where the cores are all busy, the engine's own threads then run first
+    (docs/decisions/0003-workers-below-engine-priority.md)."""
+    os.environ.clear()
+    os.environ.update(environ)
     try:
         os.setpgid(0, 0)
     except OSError:  # not permitted here: stopping the worker kills the worker alone
