@@ -4,6 +4,7 @@ installed on the CPU machines)."""
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -539,6 +540,28 @@ def test_a_deep_gemm_whose_choice_is_not_reproduced_runs_every_m_of_the_sweep(fa
     [build] = [b for b in deep_gemm_builds([GemmShape("dense", 256, 384)], 300, mode="relaxed",
                                            module="fake_deep_gemm", device="cpu") if isinstance(b.run, GemmRun)]
     assert build.run.ms == m_values(300, 256, "relaxed") and build.describe().endswith(f"x {len(build.run.ms)} M")
+
+
+def test_a_deep_gemm_not_yet_imported_is_predicted_from_the_version_in_its_source(fake, sm90, monkeypatch, tmp_path):
+    # An engine's pass may come before anything of it imports DeepGEMM, which is on its path without a distribution's
+    # metadata: its version is read from its source, and the import is left to the workers.
+    from buildops.backends.deep_gemm import versions
+
+    monkeypatch.delitem(sys.modules, "fake_deep_gemm")
+    gemms = [b for b in deep_gemm_builds([GemmShape("dense", 256, 384)], 300, mode="relaxed", module="fake_deep_gemm",
+                                         device="cpu") if isinstance(b.run, GemmRun)]
+    assert "fake_deep_gemm" not in sys.modules
+    assert {b.run.ms for b in gemms} == {(ms[0],) for ms in tilings("dense", range(1, 301), 256, 384).values()}
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, source in {"dg_quoted": '__version__ = "2.6.1"  # public\n', "dg_none": "VERSION = '2.6.1'\n",
+                         "dg_binary": b"\xff\xfe"}.items():
+        (tmp_path / name).mkdir()
+        init = tmp_path / name / "__init__.py"
+        init.write_bytes(source) if isinstance(source, bytes) else init.write_text(source)
+    assert [versions.library_version(name) for name in ("dg_quoted", "dg_none", "dg_binary", "dg_absent")] == [
+        "2.6.1", "unknown", "unknown", "unknown"]
+    assert not {"dg_quoted", "dg_none", "dg_binary"} & set(sys.modules)
 
 
 def test_scales_deep_gemm_needs_not_transpose_compile_no_transpose(fake, tmp_path):

@@ -8,6 +8,7 @@ is covered, and the builds run side by side. Elsewhere a shape's build runs ever
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import operator
@@ -87,7 +88,7 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
     if why_not is None and UNREAD_KNOB in changed:
         why_not = f"its {UNREAD_KNOB} setting is not reproduced"
     if why_not is not None:
-        logger.debug("buildops: DeepGEMM builds run every M of their sweep: %s", why_not)
+        _say_not_predicted(why_not)
     note_module(module)
     builds: dict[tuple, Build] = {}
 
@@ -116,6 +117,12 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
         add(("deep_gemm", module, SCALES_COPY, width, arch), f"{SCALES_COPY} x {width}", ScalesRun,
             scales_per_row=width)
     return list(builds.values())
+
+
+@functools.cache
+def _say_not_predicted(why: str) -> None:
+    """Said once per reason: such builds make many times the GEMM runs of predicted ones, a slower pass."""
+    logger.info("buildops: DeepGEMM builds run every M of their sweep: %s", why)
 
 
 def _by_tiling(shape: GemmShape, max_tokens: int, top_k: int, sms: int, align_m: int) -> dict[Tiling, list[int]]:

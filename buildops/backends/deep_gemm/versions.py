@@ -26,7 +26,8 @@ mirrors it (``tests/fake_deep_gemm.py``).
   settings.
 * Its compiler: nvcc is ``DG_JIT_NVCC_COMPILER``, else ``<CUDA home>/bin/nvcc``, with the CUDA home found as its
   ``_find_cuda_home`` finds it (``CUDA_HOME``, ``CUDA_PATH``, the nvcc on ``PATH``, ``/usr/local/cuda``).
-* Its version: the installed distribution's, else the module's ``__version__`` (2.6.1 sets it in ``__init__``).
+* Its version: the installed distribution's, else the module's ``__version__`` (2.6.1 sets it in ``__init__``),
+  read from its source where it is not imported.
 
 This module imports neither DeepGEMM nor torch (its package imports torch): the modules are named, and read where
 a caller has imported them.
@@ -232,7 +233,9 @@ def nvcc() -> str:
 
 
 def library_version(module: str) -> str:
-    """The version of the DeepGEMM installed as ``module``: its distribution's, else its ``__version__``."""
+    """The version of the DeepGEMM installed as ``module``: its distribution's, else its ``__version__``, read from
+    its source where this process has not imported it (an engine's pass may come first; the workers import it, and
+    whether its choice of kernel is predicted must not depend on which came first)."""
     from importlib import metadata
 
     for name in (module, module.replace("_", "-")):
@@ -240,17 +243,33 @@ def library_version(module: str) -> str:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    return str(getattr(sys.modules.get(module), "__version__", "unknown"))
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        return str(getattr(loaded, "__version__", "unknown"))
+    source = _source_file(module)
+    if source is None:
+        return "unknown"
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return "unknown"
+    found = re.search(r"""^__version__\s*=\s*(['"])([^'"]+)\1""", text, re.MULTILINE)  # the line its setup.py reads
+    return found[2] if found else "unknown"
 
 
 def include_dir(module: str) -> str:
     """DeepGEMM's ``-I`` path, as its hash sees it (``<package>/include``), found without importing it."""
-    loaded = sys.modules.get(module)
-    path = getattr(loaded, "__file__", None) if loaded is not None else None
-    if path is None:
-        try:
-            spec = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            spec = None
-        path = spec.origin if spec is not None and spec.has_location else None
+    path = _source_file(module)
     return str(Path(os.path.abspath(path)).parent / "include") if path else "no include dir"
+
+
+def _source_file(module: str) -> str | None:
+    """The file ``module`` is (or would be) imported from (a package's ``__init__.py``), found without importing it."""
+    path = getattr(sys.modules.get(module), "__file__", None)
+    if path is not None:
+        return path
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.has_location else None
