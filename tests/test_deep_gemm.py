@@ -554,11 +554,10 @@ def test_a_deep_gemm_not_yet_imported_is_predicted_from_the_version_in_its_sourc
     assert {b.run.ms for b in gemms} == {(ms[0],) for ms in tilings("dense", range(1, 301), 256, 384).values()}
 
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name, source in {"dg_quoted": '__version__ = "2.6.1"  # public\n', "dg_none": "VERSION = '2.6.1'\n",
+    for name, source in {"dg_quoted": b'__version__ = "2.6.1"  # public\n', "dg_none": b"VERSION = '2.6.1'\n",
                          "dg_binary": b"\xff\xfe"}.items():
         (tmp_path / name).mkdir()
-        init = tmp_path / name / "__init__.py"
-        init.write_bytes(source) if isinstance(source, bytes) else init.write_text(source)
+        (tmp_path / name / "__init__.py").write_bytes(source)
     assert [versions.library_version(name) for name in ("dg_quoted", "dg_none", "dg_binary", "dg_absent")] == [
         "2.6.1", "unknown", "unknown", "unknown"]
     assert not {"dg_quoted", "dg_none", "dg_binary"} & set(sys.modules)
