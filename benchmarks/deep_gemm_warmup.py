@@ -124,14 +124,17 @@ def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int) -> dict:
 
 def _timeline(records: list, start: float) -> dict[str, float]:
     """Where a pass's time went, from its builds' records: when the first run began and the last ended (seconds
-    after the warmup's start), and a run's median and longest seconds (a worker's first run includes its start)."""
+    after the warmup's start), a run's median and longest seconds (a worker's first run includes its start), and
+    each build's label, start and seconds (in ``--json``)."""
     ran = [record for record in records if record.started is not None]
     if not ran:
         return {}
     seconds = [record.seconds for record in ran]
     return {"first_run_s": min(record.started for record in ran) - start,
             "last_end_s": max(record.started + record.seconds for record in ran) - start,
-            "run_median_s": statistics.median(seconds), "run_max_s": max(seconds)}
+            "run_median_s": statistics.median(seconds), "run_max_s": max(seconds),
+            "builds": [{"label": record.build.label, "started_s": record.started - start, "seconds": record.seconds}
+                       for record in sorted(ran, key=lambda record: record.started)]}
 
 
 ARMS = ("serial", "buildops", "nvrtc", "second")
@@ -167,7 +170,8 @@ def _timeline_text(result: dict) -> str:
     if "first_run_s" not in result:
         return ""
     return (f"  (runs from {result['first_run_s']:.1f} s to {result['last_end_s']:.1f} s, "
-            f"{result['run_median_s']:.1f} s median, {result['run_max_s']:.1f} s longest)")
+            f"{result['run_median_s']:.1f} s median, {result['run_max_s']:.1f} s longest: "
+            f"{max(result['builds'], key=lambda build: build['seconds'])['label']})")
 
 
 def probe(model: str, arm: str) -> str:
