@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ._config import ConfigError, as_env, settings
+from ._config import ConfigError, as_env, builder_only_workers, cpu_share, origin, settings
 from ._version import __version__
 from .reporting import describe_store, format_report
 from .saved_reports import load_report
@@ -238,12 +238,15 @@ def _prebuild(args: argparse.Namespace) -> int:
         settings.store  # noqa: B018 - a bad BUILDOPS_STORE is a usage error here, as for `buildops store`
     except ConfigError as error:
         raise UsageError(str(error)) from None
-    try:
-        outcome = prebuild(args.manifest)
-    except ValueError as error:  # load_manifest's message names the file
-        raise UsageError(str(error)) from None
-    counts = default_builder().store_counts()
-    buildops.shutdown()
+    # No engine starts beside a prebuild: every CPU builds, unless BUILDOPS_THREADS says otherwise
+    every_cpu = origin("threads") == "default"
+    with settings.scope(threads=builder_only_workers(cpu_share())) if every_cpu else contextlib.nullcontext():
+        try:
+            outcome = prebuild(args.manifest)
+        except ValueError as error:  # load_manifest's message names the file
+            raise UsageError(str(error)) from None
+        counts = default_builder().store_counts()
+        buildops.shutdown()
     store = None if counts is None else dataclasses.asdict(counts)
     if args.json:
         _print_json({**outcome.as_dict(), "store": store})

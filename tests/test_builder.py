@@ -116,6 +116,11 @@ def test_default_threads_leave_cores_to_the_engine_and_stop_at_32():
     assert [default_workers(n) for n in (1, 2, 3, 4, 8, 12, 16, 20, 36, 128)] == [1, 2, 3, 3, 6, 9, 12, 16, 32, 32]
 
 
+def test_a_process_that_only_builds_has_a_build_per_cpu_up_to_32():
+    from buildops._config import builder_only_workers
+    assert [builder_only_workers(n) for n in (1, 2, 16, 32, 33, 128)] == [1, 2, 16, 32, 32, 32]
+
+
 def test_shutdown_stops_the_workers(runs):
     before = threading.active_count()
     builder = default_builder()

@@ -39,8 +39,8 @@ from .kinds import (
     redact_url,
 )
 
-__all__ = ["ConfigError", "Setting", "as_env", "cpu_share", "declared", "default_workers", "forget_logged",
-           "markdown_table", "origin", "read_or_default", "redact_url", "settings", "triton_executor"]
+__all__ = ["ConfigError", "Setting", "as_env", "builder_only_workers", "cpu_share", "declared", "default_workers",
+           "forget_logged", "markdown_table", "origin", "read_or_default", "redact_url", "settings", "triton_executor"]
 
 logger = logging.getLogger("buildops")
 
@@ -83,6 +83,13 @@ def default_workers(cpus: int) -> int:
     return max(1, min(MAX_DEFAULT_WORKERS, cpus - min(MAX_CPUS_KEPT, cpus // 4)))
 
 
+def builder_only_workers(cpus: int) -> int:
+    """How many builds run at once by default in a process that only builds (``buildops prebuild``): one per CPU,
+    at most 32. No engine's start shares the host there, so no core is kept for one
+    (docs/decisions/0010-default-worker-count.md)."""
+    return max(1, min(MAX_DEFAULT_WORKERS, cpus))
+
+
 def triton_executor() -> Literal["threads", "processes"]:
     """Where Triton builds compile: ``threads`` or ``processes`` (``auto``: processes where cores are many)."""
     executor = settings.executor
@@ -105,7 +112,7 @@ class _Settings:
     enabled = Flag("BUILDOPS", "0 makes every decorator transparent and every pass a plain block.", lambda: True)
     threads = Count("BUILDOPS_THREADS", "Builds at once: worker threads of the builder, and worker processes "
                      "(default: this process's CPU share less a quarter, at most 4 kept for the engine's own threads; "
-                     "at most 32).", lambda: default_workers(cpu_share()),
+                     "at most 32; `buildops prebuild`: every CPU, at most 32).", lambda: default_workers(cpu_share()),
                      default_doc="CPU share less a quarter (at most 4 kept), at most 32")
     executor = Choice[Executor]("BUILDOPS_EXECUTOR", "Where Triton builds compile: worker threads, warm worker "
                                  "processes, or auto (processes on many cores).", lambda: "auto",
