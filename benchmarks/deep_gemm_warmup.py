@@ -5,9 +5,10 @@ as the builder has threads and free GPU memory holds contexts); the pass with De
 (``DG_JIT_USE_NVRTC=1``) instead of nvcc; and a second node's pass, which fetches every kernel from a build store
 the first pass of the round filled. Each start runs in a fresh process with an empty ``DG_JIT_CACHE_DIR``; after
 its warmup, the same GEMMs at every M up to the bound (a contiguous shape's: every aligned row count up to its
-padded rows) must compile nothing (new cache entries are counted as late). The arms take turns over ``--rounds``;
-medians last. A start that fails is reported with why, DeepGEMM alone having been tried with the arm's settings,
-and the other arms go on.
+padded rows) must compile nothing (new cache entries are counted as late). A pass that did not predict DeepGEMM's
+kernels says why on its line: it ran every M of the sweep. The arms take turns over ``--rounds``; medians last. A
+start that fails is reported with why, DeepGEMM alone having been tried with the arm's settings, and the other
+arms go on.
 
     python3 benchmarks/deep_gemm_warmup.py [--model qwen3-30b-a3b|deepseek-v3] [--max-tokens 1024] [--top-k 8]
                                            [--mode relaxed|full] [--rounds 3] [--arms serial,buildops,nvrtc,second]
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import logging
 import os
 import signal
 import statistics
@@ -29,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +87,7 @@ def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int) -> dict:
     start = time.perf_counter()
     sweeps = {shape: shape_ms(shape, max_tokens, mode, sms, top_k) for shape in shapes}
     workers = runs = 0
-    timeline: dict[str, float] = {}
+    timeline: dict[str, Any] = {}
     if arm == "serial":
         for shape in shapes:
             runs += run_shape("deep_gemm", shape, sweeps[shape], device, 0)
@@ -98,6 +101,9 @@ def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int) -> dict:
         from buildops.backends.deep_gemm import DeepGemmFamily
         from buildops.backends.deep_gemm.state import deep_gemm_state
 
+        logging.basicConfig(level=logging.INFO)  # on the child's stderr, shown where its start fails
+        not_predicted = _NotPredicted()
+        logging.getLogger("buildops").addHandler(not_predicted)
         register_family(DeepGemmFamily(max_tokens=lambda config: config["max_tokens"],
                                        top_k=lambda config: config["top_k"]))
         with build_pass("warmup"):
@@ -109,6 +115,8 @@ def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int) -> dict:
         runs = sum(len(getattr(record.build.run, "ms", (1,))) for record in here)
         workers = deep_gemm_state.sizing.workers if deep_gemm_state.sizing is not None else 0
         timeline = _timeline(here, start)
+        if not_predicted.reasons:
+            timeline["not_predicted"] = "; ".join(not_predicted.reasons)
     warmup_s = time.perf_counter() - start
     built = entry_names()
     for shape in shapes:  # every M up to the bound
@@ -122,7 +130,24 @@ def child(arm: str, model: str, max_tokens: int, mode: str, top_k: int) -> dict:
             "runs": runs, "workers": workers, **timeline}
 
 
-def _timeline(records: list, start: float) -> dict[str, float]:
+class _NotPredicted(logging.Handler):
+    """What the pass's log says where it did not predict DeepGEMM's kernels (buildops says it once per reason, at
+    INFO): such a pass runs every M of its sweep, and its figures time that fallback."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        said = record.getMessage()
+        if said.startswith(_NOT_PREDICTED):
+            self.reasons.append(said.removeprefix(_NOT_PREDICTED))
+
+
+_NOT_PREDICTED = "buildops: DeepGEMM builds run every M of their sweep: "
+
+
+def _timeline(records: list, start: float) -> dict[str, Any]:
     """Where a pass's time went, from its builds' records: when the first run began and the last ended (seconds
     after the warmup's start), a run's median and longest seconds (a worker's first run includes its start), and
     each build's label, start and seconds (in ``--json``)."""
@@ -167,11 +192,12 @@ def _deep_gemm_env(arm: str) -> dict[str, str]:
 
 
 def _timeline_text(result: dict) -> str:
+    why = f"  NOT PREDICTED: {result['not_predicted']}" if "not_predicted" in result else ""
     if "first_run_s" not in result:
-        return ""
+        return why
     return (f"  (runs from {result['first_run_s']:.1f} s to {result['last_end_s']:.1f} s, "
             f"{result['run_median_s']:.1f} s median, {result['run_max_s']:.1f} s longest: "
-            f"{max(result['builds'], key=lambda build: build['seconds'])['label']})")
+            f"{max(result['builds'], key=lambda build: build['seconds'])['label']})" + why)
 
 
 def probe(model: str, arm: str) -> str:
