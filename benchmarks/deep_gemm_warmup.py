@@ -139,12 +139,11 @@ class _NotPredicted(logging.Handler):
         self.reasons: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
+        from buildops.backends.deep_gemm.builds import NOT_PREDICTED
+
         said = record.getMessage()
-        if said.startswith(_NOT_PREDICTED):
-            self.reasons.append(said.removeprefix(_NOT_PREDICTED))
-
-
-_NOT_PREDICTED = "buildops: DeepGEMM builds run every M of their sweep: "
+        if said.startswith(NOT_PREDICTED):
+            self.reasons.append(said.removeprefix(NOT_PREDICTED))
 
 
 def _timeline(records: list, start: float) -> dict[str, Any]:

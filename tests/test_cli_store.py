@@ -232,27 +232,30 @@ def test_prebuild_refuses_to_build_a_kernel_whose_file_changed_since_the_manifes
     assert out.splitlines()[0].startswith(f"{edited}: 0 compiled, 2 cached, 0 fetched from the store, 1 failed")
 
 
-@pytest.mark.parametrize("threads_env, threads", [("", 16), ("3", 3)])
+@pytest.mark.parametrize("threads_env, threads", [("", 16), ("2", 2)])
 def test_prebuild_builds_on_every_cpu_unless_buildops_threads_says(manifest, monkeypatch, capsys, threads_env,
                                                                    threads):
     """No engine starts beside a prebuild: by default its builder and pools have one build per CPU (16 here, where a
     pass keeps 4 of them for the engine: 12); a BUILDOPS_THREADS that is set is kept; after it, the default is back."""
     import buildops.cli
     import buildops.manifests
+    from buildops._core.default import default_builder
 
+    buildops.shutdown()  # the pass's builder: a prebuild's command starts with none
     monkeypatch.setattr(buildops.cli, "cpu_share", lambda: 16)
     monkeypatch.setenv("BUILDOPS_THREADS", threads_env)
     real, seen = buildops.manifests.prebuild, []
 
     def prebuild_seeing_threads(path):
-        seen.append(settings.threads)
-        return real(path)
+        outcome = real(path)
+        seen.append((settings.threads, default_builder().workers))  # a thread per queued build, up to the limit
+        return outcome
 
     monkeypatch.setattr(buildops.manifests, "prebuild", prebuild_seeing_threads)
     before = settings.threads
     status, out, _ = run(capsys, "prebuild", "--json", str(manifest))
     assert status == 0 and json.loads(out)["cached"] == 3, out  # the pass compiled them into this cache
-    assert seen == [threads] and settings.threads == before
+    assert seen == [(threads, min(threads, 3))] and settings.threads == before
 
 
 def test_prebuild_of_a_file_that_is_not_a_manifest_is_exit_2(tmp_path, capsys):

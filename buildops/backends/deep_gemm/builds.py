@@ -38,7 +38,7 @@ from .versions import (
     library_version,
 )
 
-__all__ = ["DeepGemmFamily", "deep_gemm_builds"]
+__all__ = ["NOT_PREDICTED", "DeepGemmFamily", "deep_gemm_builds"]
 
 logger = logging.getLogger("buildops")
 
@@ -119,10 +119,14 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
     return list(builds.values())
 
 
+# What the log says, once per reason, where a shape's builds are not one per predicted kernel
+NOT_PREDICTED = "buildops: DeepGEMM builds run every M of their sweep: "
+
+
 @functools.cache
 def _say_not_predicted(why: str) -> None:
     """Said once per reason: such builds make many times the GEMM runs of predicted ones, a slower pass."""
-    logger.info("buildops: DeepGEMM builds run every M of their sweep: %s", why)
+    logger.info("%s%s", NOT_PREDICTED, why)
 
 
 def _by_tiling(shape: GemmShape, max_tokens: int, top_k: int, sms: int, align_m: int) -> dict[Tiling, list[int]]:
