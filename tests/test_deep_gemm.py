@@ -535,6 +535,20 @@ def test_predicted_builds_run_once_per_kernel_and_serving_at_any_m_compiles_noth
     assert not any(call["compiled"] for call in serving) and set(kernels(tmp_path)) == made
 
 
+def test_predicted_builds_start_with_the_biggest_tiles_and_end_with_the_scales_copies(fake, sm90, monkeypatch):
+    # A bigger tile's kernel compiles longer (up to 3 times a small one's, docs/benchmarks.md): queued first, the
+    # longest do not come last, where one would run alone while the other workers idle.
+    shapes = [GemmShape("dense", 256, 384), GemmShape("dense", 4096, 7168), GemmShape("contiguous", 256, 384, 3)]
+    builds = deep_gemm_builds(shapes, 1024, module="fake_deep_gemm", device="cpu", top_k=2)
+    gemms = [b.run for b in builds if isinstance(b.run, GemmRun)]
+    assert [type(b.run) for b in builds] == [GemmRun] * len(gemms) + [ScalesRun] * 2  # K / 128: 3 and 56
+    areas = [run.tiling.block_m * run.tiling.block_n for run in gemms]
+    assert areas == sorted(areas, reverse=True) and areas[0] > areas[-1]
+    monkeypatch.setattr(fake, "__version__", "2.7.0")  # not predicted: one sweep per shape, as listed
+    sweeps = deep_gemm_builds(shapes, 1024, mode="relaxed", module="fake_deep_gemm", device="cpu", top_k=2)
+    assert [b.run.shape for b in sweeps if isinstance(b.run, GemmRun)] == shapes
+
+
 def test_a_deep_gemm_whose_choice_is_not_reproduced_runs_every_m_of_the_sweep(fake, sm90, monkeypatch):
     monkeypatch.setattr(fake, "__version__", "2.7.0")
     [build] = [b for b in deep_gemm_builds([GemmShape("dense", 256, 384)], 300, mode="relaxed",

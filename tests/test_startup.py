@@ -492,3 +492,76 @@ def test_a_start_marks_when_it_was_ready_for_reports_to_split_tunings_by():
     before = time.perf_counter()
     S.rehearse_then_load(lambda: None, lambda: None)
     assert S.ready_time() is not None and before <= S.ready_time() <= time.perf_counter()
+
+
+DEEP_GEMM_EARLY = r"""
+import os, sys
+from multiprocessing import forkserver
+from buildops.backends.deep_gemm.startup import FORKSERVER_PRELOAD, start_workers
+
+if __name__ == "__main__":
+    assert start_workers()  # returns at once, before the engine's own imports
+    assert "torch" not in sys.modules
+    server = forkserver._forkserver._forkserver_pid
+    modules = forkserver._forkserver._preload_modules
+    print("server started" if server else "no server")
+    print("it preloads the workers' code" if set(FORKSERVER_PRELOAD) <= set(modules) else f"it preloads {modules}")
+    import torch  # the engine's own, while the forkserver imports
+    import buildops
+    from buildops.backends.deep_gemm.workers import pool
+    parent = pool.run("its parent", os.getppid, build=False)  # DeepGEMM's first worker
+    print("the worker is its child" if parent == server else f"the worker's parent: {parent}, not {server}")
+    with open(f"/proc/{server}/maps") as maps:  # the forkserver imported torch before it forked the worker
+        print("torch in the forkserver" if "libtorch" in maps.read() else "no torch in the forkserver")
+    buildops.shutdown()
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the forkserver's mappings in /proc")
+def test_deep_gemm_workers_fork_from_a_forkserver_started_before_torch_is_imported(tmp_path):
+    script = tmp_path / "deep_gemm_early.py"
+    script.write_text(DEEP_GEMM_EARLY)
+    done = subprocess.run([sys.executable, str(script)], env=dict(os.environ, BUILDOPS_EXECUTOR="processes"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["server started", "it preloads the workers' code", "the worker is its child",
+                                        "torch in the forkserver"], done.stderr[-3000:]
+
+
+BOTH_BACKENDS = r"""
+from multiprocessing import forkserver
+from buildops.backends.deep_gemm.startup import FORKSERVER_PRELOAD, start_workers
+from buildops.backends.triton.worker import FORKSERVER_PRELOAD as TRITONS, FORKSERVER_PRELOAD_FIRST, workers
+
+if __name__ == "__main__":
+    workers.start()  # Triton's pool starts on a thread of its own ...
+    start_workers()  # ... and DeepGEMM's start may start the forkserver before that thread does
+    with open(f"/proc/{forkserver._forkserver._forkserver_pid}/cmdline") as cmdline:  # what it was started with
+        started_with = cmdline.read()
+    print(repr([*FORKSERVER_PRELOAD_FIRST, *TRITONS, *FORKSERVER_PRELOAD]) in started_with or started_with)
+    import buildops
+    buildops.shutdown()
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/cmdline"), reason="reads the forkserver's command line in /proc")
+def test_the_forkserver_started_for_deep_gemm_imports_what_tritons_pool_asked_first(tmp_path):
+    pytest.importorskip("triton")
+    script = tmp_path / "both_backends.py"
+    script.write_text(BOTH_BACKENDS)
+    done = subprocess.run([sys.executable, str(script)], env=dict(os.environ, BUILDOPS_EXECUTOR="processes",
+                                                                  BUILDOPS_THREADS="1"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "True", (done.stdout, done.stderr[-3000:])
+
+
+def test_deep_gemm_starts_no_forkserver_where_its_builds_run_on_threads(monkeypatch):
+    from buildops.backends.deep_gemm import startup
+
+    started = []
+    monkeypatch.setattr(startup, "start_forkserver", started.append)
+    with settings.scope(executor="threads"):
+        assert not startup.start_workers() and not started
+    with settings.scope(executor="auto"):  # DeepGEMM builds in processes whatever the CPUs (Triton may not)
+        startup.start_workers()
+    assert started == [startup.FORKSERVER_PRELOAD]

@@ -28,7 +28,8 @@ from typing import Any
 from .patching import Patch
 from .state import runtime
 
-__all__ = ["MAIN_MODULE_EXIT", "context", "ended_importing_main", "names_of_main", "refuse_while_importing_main"]
+__all__ = ["MAIN_MODULE_EXIT", "context", "ended_importing_main", "names_of_main", "refuse_while_importing_main",
+           "start_forkserver"]
 
 # How long a broken pool's own thread is given to reap its workers before their exit statuses are read.
 REAP_WAIT_SECONDS = 5.0
@@ -153,6 +154,20 @@ def context(preload: Sequence[str], first: Sequence[str] = ()) -> BaseContext:
     later = [m for m in preload if m not in current and m not in ours]
     forkserver_context.set_forkserver_preload(ours + current + later)
     return forkserver_context
+
+
+def start_forkserver(preload: Sequence[str]) -> bool:
+    """Start the forkserver now, with ``preload`` added to what it imports (as :func:`context` adds it), so that
+    workers forked later find those imports done; returns at once, while the forkserver imports on its own. False
+    where workers are spawned instead. A forkserver that already runs is kept as it is."""
+    refuse_while_importing_main()
+    if not isinstance(context(preload), _ForkServerContext):
+        return False
+    from multiprocessing import forkserver
+
+    with _keeping_main_out():
+        forkserver.ensure_running()
+    return True
 
 
 class _MainFinder(ForkingPickler):

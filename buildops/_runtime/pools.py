@@ -156,6 +156,9 @@ class WorkerPool:
         """Start the workers on a thread of their own and return at once."""
         refuse_while_importing_main()
         self._hook()  # a shutdown() before the pool starts must reach it, to call the start off
+        # What the forkserver is to import, added now on the caller's thread: another pool's workers started right
+        # after this call (startup.start_build_workers) may start the forkserver before this pool's thread does.
+        context(self._preload, self._preload_first)
         with self._launch_lock:
             if self._pool is not None or self._launcher is not None:
                 return

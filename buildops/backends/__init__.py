@@ -35,5 +35,6 @@ register(Backend(
     "deep_gemm", "deep_gemm",
     late_watchers=("buildops.backends.deep_gemm.late:watch_late_compiles",),
     recipes="buildops.backends.deep_gemm.recipes",
+    start_workers="buildops.backends.deep_gemm.startup:start_workers",
     cache="buildops.backends.deep_gemm.versions:cache_root",
 ))

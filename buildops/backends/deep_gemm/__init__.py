@@ -18,19 +18,42 @@ made are part of each build's key and are set in the worker before it runs (:mod
 
 Its modules: ``shapes`` (a model's GEMM shapes and the Ms each is built at), ``heuristics`` (the kernel DeepGEMM
 picks for a call), ``builds`` (a build per kernel or per shape, and the op family), ``runs`` (a build's run),
-``workers`` (the worker processes, and how many), ``knobs`` (the process-global settings), ``entries`` (a build's
-cache entries, shared through the build store), ``recipes`` (builds as manifest entries), ``late`` (late
-compiles), ``versions`` (every other reading of DeepGEMM's internals: entry points, settings' names, the cache's
-layout and its entries' code, its compiler and install) and ``state`` (the backend's process-wide state, and what a
-reset and a fork make it forget).
+``workers`` (the worker processes, and how many), ``startup`` (the forkserver they fork from, started early),
+``knobs`` (the process-global settings), ``entries`` (a build's cache entries, shared through the build store),
+``recipes`` (builds as manifest entries), ``late`` (late compiles), ``versions`` (every other reading of DeepGEMM's
+internals: entry points, settings' names, the cache's layout and its entries' code, its compiler and install) and
+``state`` (the backend's process-wide state, and what a reset and a fork make it forget).
 
-Imported on demand; ``deep_gemm`` itself is imported only when a build runs.
+Imported on demand; ``deep_gemm`` itself is imported only when a build runs. The package imports its modules, and
+torch with them, as their names are first used: ``startup`` runs before the engine has imported torch.
 """
 
 from __future__ import annotations
 
-from .builds import DeepGemmFamily, deep_gemm_builds
-from .shapes import GemmShape, contiguous_rows, find_gemm_shapes, m_values, shape_ms
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .builds import DeepGemmFamily, deep_gemm_builds
+    from .shapes import GemmShape, contiguous_rows, find_gemm_shapes, m_values, shape_ms
+
+_PUBLIC = {
+    "DeepGemmFamily": "builds", "deep_gemm_builds": "builds", "GemmShape": "shapes", "contiguous_rows": "shapes",
+    "find_gemm_shapes": "shapes", "m_values": "shapes", "shape_ms": "shapes",
+}
 
 __all__ = ["DeepGemmFamily", "GemmShape", "contiguous_rows", "deep_gemm_builds", "find_gemm_shapes", "m_values",
            "shape_ms"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

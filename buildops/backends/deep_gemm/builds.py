@@ -3,8 +3,8 @@ activations' scales (:class:`.runs.ScalesRun`); and the op family that lists the
 
 Where :mod:`.heuristics` reproduces DeepGEMM's choice of kernel (its version and the GPU's architecture), a
 shape's builds are one per tiling its Ms pick, each running the smallest M of its tiling: every M up to the bound
-is covered, and the builds run side by side. Elsewhere a shape's build runs every M of its sweep
-(``BUILDOPS_DEEP_GEMM_M``) one after another."""
+is covered, and the builds run side by side, the biggest tiles' first. Elsewhere a shape's build runs every M of its
+sweep (``BUILDOPS_DEEP_GEMM_M``) one after another."""
 
 from __future__ import annotations
 
@@ -116,7 +116,17 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
     for width in sorted(widths):
         add(("deep_gemm", module, SCALES_COPY, width, arch), f"{SCALES_COPY} x {width}", ScalesRun,
             scales_per_row=width)
-    return list(builds.values())
+    # The builds start in this order: the longest first, so that the pass does not end on one of them alone.
+    return sorted(builds.values(), key=_compile_cost, reverse=True)
+
+
+def _compile_cost(build: Build) -> tuple[bool, int]:
+    """How long a build's compile takes, as an order: a GEMM's before a scales copy's (a small kernel); a bigger
+    tile's first, whose kernel takes longer (more registers, more unrolled MMAs: up to 3 times a small tile's on the
+    GPU host, docs/benchmarks.md); sweeps (no tiling) in their listing order."""
+    run = build.run
+    tiling = getattr(run, "tiling", None)
+    return isinstance(run, GemmRun), tiling.block_m * tiling.block_n if tiling is not None else 0
 
 
 # What the log says, once per reason, where a shape's builds are not one per predicted kernel

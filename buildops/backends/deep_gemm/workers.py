@@ -27,6 +27,7 @@ import torch
 
 from ..._config import settings
 from ..._runtime.pools import WorkerPool
+from .startup import FORKSERVER_PRELOAD
 from .state import deep_gemm_state
 
 __all__ = ["CONTEXT_CEILING_BYTES", "CONTEXT_FLOOR_BYTES", "FORKSERVER_PRELOAD", "IDLE_STOP_SECONDS", "Sizing",
@@ -45,9 +46,6 @@ CONTEXT_CEILING_BYTES = 4 << 30
 # How long the workers outlive the last build that used them: the builds a pass lists come in bursts, one after
 # another, and a start's worth of workers (a spawn, torch's import, a context) is seconds.
 IDLE_STOP_SECONDS = 2.0
-
-# What the forkserver imports once for all the workers it forks: their code, and torch with it (.preload).
-FORKSERVER_PRELOAD = ("buildops.backends.deep_gemm.preload",)
 
 pool = WorkerPool("DeepGEMM build", lambda: max(1, settings.threads), preload=FORKSERVER_PRELOAD)
 
