@@ -1,19 +1,20 @@
 """DeepGEMM's warmup for one model layer's GEMMs with the real DeepGEMM on a GPU: serial, as vLLM's
 ``kernel_warmup`` does it (every weight shape at every M of the sweep, one call after another in the engine's
 process), against a buildops build pass (a build per kernel DeepGEMM's heuristics pick, in as many worker processes
-as the builder has threads and free GPU memory holds contexts); the pass with DeepGEMM's NVRTC compiler
-(``DG_JIT_USE_NVRTC=1``) instead of nvcc; and a second node's pass, which fetches every kernel from a build store
-the first pass of the round filled. Each start runs in a fresh process with an empty ``DG_JIT_CACHE_DIR``; one
-with buildops calls ``buildops.startup.start_build_workers()`` first, as an engine does. A warmup is timed from after
-the start's imports, its layer's weights and its CUDA context; after it, the same GEMMs at every M up to the bound
-(a contiguous shape's: every aligned row count up to its padded rows) must compile nothing (new cache entries are
-counted as late). A pass that did not predict DeepGEMM's kernels says why on its line: it ran every M of the sweep.
-The arms take turns over ``--rounds``; medians last. A start that fails is reported with why, DeepGEMM alone having
-been tried with the arm's settings, and the other arms go on.
+as the builder has threads and free GPU memory holds contexts); the pass in an engine that does not start the
+workers early (``cold``); the pass with DeepGEMM's NVRTC compiler (``DG_JIT_USE_NVRTC=1``) instead of nvcc; and a
+second node's pass, which fetches every kernel from a build store the first pass of the round filled. Each start
+runs in a fresh process with an empty ``DG_JIT_CACHE_DIR``; one with buildops, but ``cold``, calls
+``buildops.startup.start_build_workers()`` first, as an engine does. A warmup is timed from after the start's
+imports, its layer's weights and its CUDA context; after it, the same GEMMs at every M up to the bound (a contiguous
+shape's: every aligned row count up to its padded rows) must compile nothing (new cache entries are counted as
+late). A pass that did not predict DeepGEMM's kernels says why on its line: it ran every M of the sweep. The arms
+take turns over ``--rounds``; medians last. A start that fails is reported with why, DeepGEMM alone having been
+tried with the arm's settings, and the other arms go on.
 
     python3 benchmarks/deep_gemm_warmup.py [--model qwen3-30b-a3b|deepseek-v3] [--max-tokens 1024] [--top-k 8]
-                                           [--mode relaxed|full] [--rounds 3] [--arms serial,buildops,nvrtc,second]
-                                           [--json PATH]
+                                           [--mode relaxed|full] [--rounds 3] [--json PATH]
+                                           [--arms serial,buildops,cold,nvrtc,second]
 
 Needs a GPU and an importable ``deep_gemm``.
 """
@@ -162,7 +163,7 @@ def _timeline(records: list, start: float) -> dict[str, Any]:
                        for record in sorted(ran, key=lambda record: record.started)]}
 
 
-ARMS = ("serial", "buildops", "nvrtc", "second")
+ARMS = ("serial", "buildops", "cold", "nvrtc", "second")
 
 
 def _fresh_env(cache: str) -> dict[str, str]:
@@ -231,12 +232,12 @@ def main() -> None:
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        if args.child != "serial":  # what an engine with buildops does first thing, before its own imports
+        if args.child not in ("serial", "cold"):  # what an engine with buildops does first, before its imports
             from buildops.startup import start_build_workers
 
             start_build_workers()
-        result = child("buildops" if args.child in ("nvrtc", "second") else args.child, args.model, args.max_tokens,
-                       args.mode, args.top_k)
+        result = child("buildops" if args.child in ("cold", "nvrtc", "second") else args.child, args.model,
+                       args.max_tokens, args.mode, args.top_k)
         # DeepGEMM's own printf output (a warning of its compiler) is flushed at exit, after Python's: flushed first
         ctypes.CDLL(None).fflush(None)
         print("RESULT " + json.dumps({**result, "arm": args.child}), flush=True)
