@@ -57,12 +57,13 @@ def start_build_workers() -> bool:
     once.
 
     Workers take seconds to be ready (Triton's forkserver imports torch and Triton, then forks them); without this call
-    the first build starts them and waits. This module imports no torch, so an engine can call it first thing and the
-    workers' imports run beside its own (docs/decisions/0002-forkserver-preload.md). Each backend also prepares what its
-    builds need there (Triton: its CUDA helper module built in a short-lived process; sympy, which a replay's first
-    elementwise op on meta tensors needs, imported and Triton's install hashed on a background thread once the engine
-    has imported torch and Triton). Nothing here touches a GPU. The workers run below this process's CPU priority
-    (``BUILDOPS_WORKER_NICE``).
+    the first build starts them and waits. DeepGEMM's workers fork from that forkserver too, which this call starts
+    where DeepGEMM is installed (they start with its builds). This module imports no torch, so an engine can call it
+    first thing and the workers' imports run beside its own (docs/decisions/0002-forkserver-preload.md). Each backend
+    also prepares what its builds need there (Triton: its CUDA helper module built in a short-lived process; sympy,
+    which a replay's first elementwise op on meta tensors needs, imported and Triton's install hashed on a background
+    thread once the engine has imported torch and Triton). Nothing here touches a GPU. The workers run below this
+    process's CPU priority (``BUILDOPS_WORKER_NICE``).
 
     No main guard is needed (build workers never import the main module). Call it after setting
     ``TRITON_CACHE_DIR`` if the engine sets it (the helper's process reads it now; if the engine moves the cache
