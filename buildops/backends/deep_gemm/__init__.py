@@ -30,8 +30,9 @@ torch with them, as their names are first used: ``startup`` runs before the engi
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .builds import DeepGemmFamily, deep_gemm_builds
@@ -46,14 +47,4 @@ __all__ = ["DeepGemmFamily", "GemmShape", "contiguous_rows", "deep_gemm_builds",
            "shape_ms"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC)

@@ -14,8 +14,9 @@ torch: the forkserver imports its ``preload`` module before torch. The public na
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .build import hash_triton_install
@@ -31,14 +32,4 @@ _PUBLIC = {
 __all__ = ["CompileOnlyDriver", "PointerArg", "hash_triton_install", "recording", "target", "triton_builds"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC)
