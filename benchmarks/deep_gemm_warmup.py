@@ -178,6 +178,8 @@ def start(arm: str, args: argparse.Namespace, store: str) -> dict:
         env = {**_fresh_env(cache), "BUILDOPS_DEEP_GEMM_M": args.mode, **_deep_gemm_env(arm)}
         if arm in ("buildops", "second"):  # the first fills the round's store, the second fetches from it
             env["BUILDOPS_STORE"] = store
+        elif arm == "cold":  # a store of its own, which it fills as the buildops arm fills the round's
+            env["BUILDOPS_STORE"] = f"file://{cache}/store"
         command = [sys.executable, __file__, "--child", arm, "--model", args.model, "--max-tokens",
                    str(args.max_tokens), "--mode", args.mode, "--top-k", str(args.top_k)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)

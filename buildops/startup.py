@@ -41,6 +41,7 @@ from ._core import extensions, readiness
 from ._core.default import current_builder
 from ._core.passes import BuildPass, rehearsal
 from ._core.watchdog import stuck_gpu_builds
+from ._runtime.forkserver import add_to_preload
 
 __all__ = ["phase", "phases", "ready_time", "rehearse_then_load", "start_build_workers"]
 
@@ -70,16 +71,20 @@ def start_build_workers() -> bool:
     later, the background thread builds the module there). Calling it again starts workers shut down since.
 
     Returns:
-        Whether some backend's workers run now or are starting: False where none is installed or none builds in
-        worker processes.
+        Whether some backend's workers, or the forkserver they fork from, run now or are starting: False where no
+        backend is installed or none builds in worker processes.
 
     Raises:
         ConfigError: a ``BUILDOPS_*`` setting has a bad value (each is read here, whether or not workers start).
     """
     settings.validate()  # every setting: a bad value raises here, at the engine's call, not in a build or serving
+    installed = [backend for backend in extensions.backends() if backend.installed()]
+    for backend in installed:  # every backend's on the forkserver's list before any of them starts it
+        if backend.forkserver_preload is not None:
+            add_to_preload(extensions.load(backend.forkserver_preload))
     started = False
-    for backend in extensions.backends():
-        if backend.start_workers is not None and backend.installed():
+    for backend in installed:
+        if backend.start_workers is not None:
             started = bool(extensions.load(backend.start_workers)()) or started
     return started
 

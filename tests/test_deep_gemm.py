@@ -536,8 +536,8 @@ def test_predicted_builds_run_once_per_kernel_and_serving_at_any_m_compiles_noth
 
 
 def test_predicted_builds_start_with_the_biggest_tiles_and_end_with_the_scales_copies(fake, sm90, monkeypatch):
-    # A bigger tile's kernel compiles longer (up to 3 times a small one's, docs/benchmarks.md): queued first, the
-    # longest do not come last, where one would run alone while the other workers idle.
+    # A bigger tile's kernel compiles longer (docs/decisions/0026): queued first, the longest do not come last,
+    # where one would run alone while the other workers idle.
     shapes = [GemmShape("dense", 256, 384), GemmShape("dense", 4096, 7168), GemmShape("contiguous", 256, 384, 3)]
     builds = deep_gemm_builds(shapes, 1024, module="fake_deep_gemm", device="cpu", top_k=2)
     gemms = [b.run for b in builds if isinstance(b.run, GemmRun)]

@@ -529,30 +529,63 @@ def test_deep_gemm_workers_fork_from_a_forkserver_started_before_torch_is_import
 
 
 BOTH_BACKENDS = r"""
+import sys
 from multiprocessing import forkserver
-from buildops.backends.deep_gemm.startup import FORKSERVER_PRELOAD, start_workers
-from buildops.backends.triton.worker import FORKSERVER_PRELOAD as TRITONS, FORKSERVER_PRELOAD_FIRST, workers
+from buildops.backends.deep_gemm.startup import FORKSERVER_PRELOAD
+from buildops.backends.triton.worker import FORKSERVER_PRELOAD as TRITONS, FORKSERVER_PRELOAD_FIRST
+from buildops.startup import start_build_workers
 
 if __name__ == "__main__":
-    workers.start()  # Triton's pool starts on a thread of its own ...
-    start_workers()  # ... and DeepGEMM's start may start the forkserver before that thread does
+    sys.path.insert(0, sys.argv[1])  # a deep_gemm package: DeepGEMM counts as installed
+    assert start_build_workers()  # Triton's pool starts on a thread, which may start the forkserver first
+    from buildops.backends.triton.worker import workers
+    workers.get()  # once it has
     with open(f"/proc/{forkserver._forkserver._forkserver_pid}/cmdline") as cmdline:  # what it was started with
         started_with = cmdline.read()
-    print(repr([*FORKSERVER_PRELOAD_FIRST, *TRITONS, *FORKSERVER_PRELOAD]) in started_with or started_with)
+    print(repr([*FORKSERVER_PRELOAD_FIRST, *FORKSERVER_PRELOAD, *TRITONS]) in started_with or started_with)
     import buildops
     buildops.shutdown()
 """
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/cmdline"), reason="reads the forkserver's command line in /proc")
-def test_the_forkserver_started_for_deep_gemm_imports_what_tritons_pool_asked_first(tmp_path):
+def test_the_forkserver_imports_what_every_installed_backends_workers_need(tmp_path):
     pytest.importorskip("triton")
+    (tmp_path / "deep_gemm").mkdir()
+    (tmp_path / "deep_gemm" / "__init__.py").write_text("")
     script = tmp_path / "both_backends.py"
     script.write_text(BOTH_BACKENDS)
-    done = subprocess.run([sys.executable, str(script)], env=dict(os.environ, BUILDOPS_EXECUTOR="processes",
-                                                                  BUILDOPS_THREADS="1"),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, BUILDOPS_EXECUTOR="processes", BUILDOPS_THREADS="1",
+                                   TRITON_CACHE_DIR=str(tmp_path / "triton-cache")))
     assert done.returncode == 0 and done.stdout.strip() == "True", (done.stdout, done.stderr[-3000:])
+
+
+FORKED_AFTER_START = r"""
+import os
+from buildops.backends.deep_gemm.startup import start_workers
+
+if __name__ == "__main__":
+    assert start_workers()
+    child = os.fork()
+    if child == 0:  # a forked child (a data loader's worker, an engine's rank) builds with workers of its own
+        code = 1
+        try:
+            from buildops.backends.deep_gemm.workers import pool
+            code = 0 if pool.run("its parent", os.getppid, build=False) != os.getppid() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    print("the child built" if os.waitstatus_to_exitcode(status) == 0 else f"the child failed: {status}")
+"""
+
+
+def test_a_child_forked_after_the_early_start_gets_a_forkserver_of_its_own(tmp_path):
+    script = tmp_path / "forked_after_start.py"
+    script.write_text(FORKED_AFTER_START)
+    done = subprocess.run([sys.executable, str(script)], env=dict(os.environ, BUILDOPS_EXECUTOR="processes"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "the child built", (done.stdout, done.stderr[-3000:])
 
 
 def test_deep_gemm_starts_no_forkserver_where_its_builds_run_on_threads(monkeypatch):

@@ -39,9 +39,15 @@ class Backend:
       * ``recipes``: a module with ``entry(build) -> dict | str``, one of the backend's builds as a manifest entry
         (JSON-able, with ``"library": name``), or why it has none; and ``prebuild_build(entry) -> Build | str``,
         the entry's build on this machine, or why this machine refuses it (``buildops prebuild``).
-      * ``start_workers``: a function of no arguments that starts the backend's worker pool ahead of its first build
-        (:func:`buildops.startup.start_build_workers`) and returns at once: True if workers run or are starting.
-        Called where the library is installed, before the engine imports torch: it must not import it.
+      * ``start_workers``: a function of no arguments that starts the backend's worker pool, or the forkserver its
+        workers fork from, ahead of its first build (:func:`buildops.startup.start_build_workers`) and returns at
+        once: True if they run or are starting. Called where the library is installed, before the engine imports
+        torch: it must not import it.
+      * ``forkserver_preload``: a sequence of module names that the forkserver the backend's workers fork from
+        imports before it forks any (their code, and torch with it). :func:`buildops.startup.start_build_workers`
+        adds every installed backend's to the forkserver's list before it calls any ``start_workers``, so that
+        whichever starts the forkserver starts it with all of them. Their import must raise nothing but
+        ImportError, which the forkserver ignores.
       * ``cache``: a function of no arguments returning the library's kernel cache directory (``buildops
         doctor``); it raises ``LookupError`` saying why where that is not known here.
       * ``describe``: a function of no arguments returning what ``buildops doctor`` shows of the backend beyond
@@ -54,19 +60,22 @@ class Backend:
     late_watchers: tuple[str, ...] = ()
     recipes: str | None = None
     start_workers: str | None = None
+    forkserver_preload: str | None = None
     cache: str | None = None
     describe: str | None = None
 
     def __post_init__(self) -> None:
-        named = {"recorder": self.recorder, "start_workers": self.start_workers, "cache": self.cache,
-                 "describe": self.describe, **{f"late_watchers[{i}]": t for i, t in enumerate(self.late_watchers)}}
+        named = {"recorder": self.recorder, "start_workers": self.start_workers,
+                 "forkserver_preload": self.forkserver_preload, "cache": self.cache, "describe": self.describe,
+                 **{f"late_watchers[{i}]": t for i, t in enumerate(self.late_watchers)}}
         for part, target in named.items():
             if target is not None and ":" not in target:
                 raise ValueError(f"buildops backend {self.name}: {part}={target!r}: expected 'module:attribute'")
 
     def modules(self) -> set[str]:
         """The modules its parts name."""
-        parts = (self.recorder, self.recipes, self.start_workers, self.cache, self.describe, *self.late_watchers)
+        parts = (self.recorder, self.recipes, self.start_workers, self.forkserver_preload, self.cache, self.describe,
+                 *self.late_watchers)
         return {target.partition(":")[0] for target in parts if target is not None}
 
     def installed(self) -> bool:

@@ -25,6 +25,8 @@ from multiprocessing.context import BaseContext
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from .forking import forget_in_child
+from .forkserver import add_to_preload, forget_the_forkserver
 from .patching import Patch
 from .state import runtime
 
@@ -137,34 +139,24 @@ def refuse_while_importing_main() -> None:
 
 
 def context(preload: Sequence[str], first: Sequence[str] = ()) -> BaseContext:
-    """The forkserver, with ``first`` added before what it imports when it starts and ``preload`` after, where the
-    platform has one; else spawn. Either starts workers that import no main module."""
-    if not preload or "forkserver" not in multiprocessing.get_all_start_methods():
+    """The forkserver, with ``first`` added before what it imports when it starts and ``preload`` after
+    (:func:`.forkserver.add_to_preload`), where the platform has one; else spawn. Either starts workers that import
+    no main module."""
+    if not preload or not add_to_preload(preload, first):
         return _SpawnContext()
-    from multiprocessing import forkserver
-
-    forkserver_context = _ForkServerContext()
-    # The forkserver is Python's, shared with any other user of it in this process: keep what they asked it to
-    # preload, but the main module ("__main__", the default): our workers never import it, and the children of
-    # other users still import it for themselves, as their preparation data says. Once the forkserver runs, a new
-    # list changes nothing; our workers then import the rest for themselves, as spawned ones do.
-    server = forkserver._forkserver
-    current = [m for m in getattr(server, "_preload_modules", []) if m != "__main__"]
-    ours = [m for m in first if m not in current]
-    later = [m for m in preload if m not in current and m not in ours]
-    forkserver_context.set_forkserver_preload(ours + current + later)
-    return forkserver_context
+    return _ForkServerContext()
 
 
 def start_forkserver(preload: Sequence[str]) -> bool:
-    """Start the forkserver now, with ``preload`` added to what it imports (as :func:`context` adds it), so that
-    workers forked later find those imports done; returns at once, while the forkserver imports on its own. False
-    where workers are spawned instead. A forkserver that already runs is kept as it is."""
+    """Start the forkserver now, with ``preload`` added to what it imports, so that workers forked later find those
+    imports done; returns at once, while the forkserver imports on its own. False where workers are spawned instead.
+    A forkserver that already runs is kept as it is."""
     refuse_while_importing_main()
-    if not isinstance(context(preload), _ForkServerContext):
+    if not add_to_preload(preload):
         return False
     from multiprocessing import forkserver
 
+    forget_in_child(forget_the_forkserver)  # a forked child starts a server of its own
     with _keeping_main_out():
         forkserver.ensure_running()
     return True

@@ -39,6 +39,7 @@ from typing import Any
 from .._config import settings
 from .crashes import CrashWatch, end_status, how_it_ended
 from .forking import forget_in_child
+from .forkserver import forget_the_forkserver
 from .hooks import on_shutdown
 from .main_module import context, ended_importing_main, names_of_main, refuse_while_importing_main
 from .turns import Turns
@@ -360,25 +361,5 @@ class WorkerPool:
         self._main_ran, self._turns, self._limit = None, Turns(), None
         self._crashes = CrashWatch(self.name)
         if self._preload:
-            _forget_the_forkserver()
+            forget_the_forkserver()
 
-
-def _forget_the_forkserver() -> None:
-    """In a forked child: Python's forkserver object still names the parent's server, and starting a pool through
-    it would wait for a process that is not this one's child (``ChildProcessError`` on every build). Forgotten, it
-    starts a server of this process's own. Closing the inherited end of the pipe that keeps the parent's server
-    alive also lets that server exit with the parent."""
-    from multiprocessing import forkserver
-
-    server: Any = forkserver._forkserver  # its private state, which typeshed leaves out
-    alive = getattr(server, "_forkserver_alive_fd", None)
-    if alive is not None:
-        try:
-            os.close(alive)
-        except OSError:
-            pass
-    for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid"):
-        if hasattr(server, name):
-            setattr(server, name, None)
-    if hasattr(server, "_lock"):
-        server._lock = threading.Lock()

@@ -36,5 +36,6 @@ register(Backend(
     late_watchers=("buildops.backends.deep_gemm.late:watch_late_compiles",),
     recipes="buildops.backends.deep_gemm.recipes",
     start_workers="buildops.backends.deep_gemm.startup:start_workers",
+    forkserver_preload="buildops.backends.deep_gemm.startup:FORKSERVER_PRELOAD",
     cache="buildops.backends.deep_gemm.versions:cache_root",
 ))

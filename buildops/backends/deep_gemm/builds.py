@@ -122,8 +122,9 @@ def deep_gemm_builds(shapes: Iterable[GemmShape], max_tokens: int, *, op: str = 
 
 def _compile_cost(build: Build) -> tuple[bool, int]:
     """How long a build's compile takes, as an order: a GEMM's before a scales copy's (a small kernel); a bigger
-    tile's first, whose kernel takes longer (more registers, more unrolled MMAs: up to 3 times a small tile's on the
-    GPU host, docs/benchmarks.md); sweeps (no tiling) in their listing order."""
+    tile's first, whose kernel takes longer (more registers, more unrolled MMAs: 7-13 s for 128x160 and 128x192
+    tiles against 3.4 s for the median build on the GPU host, docs/decisions/0026); sweeps (no tiling) in their
+    listing order."""
     run = build.run
     tiling = getattr(run, "tiling", None)
     return isinstance(run, GemmRun), tiling.block_m * tiling.block_n if tiling is not None else 0

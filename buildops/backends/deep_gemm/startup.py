@@ -9,7 +9,8 @@ from ..._runtime.main_module import start_forkserver
 
 __all__ = ["FORKSERVER_PRELOAD", "start_workers"]
 
-# What the forkserver imports once for all the workers it forks: their code, and torch with it (.preload).
+# What the forkserver imports once for all the workers it forks: their code, and torch with it (.preload); the
+# backend's forkserver_preload.
 FORKSERVER_PRELOAD = ("buildops.backends.deep_gemm.preload",)
 
 
@@ -20,9 +21,9 @@ def start_workers() -> bool:
 
     The forkserver's import of torch (seconds) then runs beside the engine's own, instead of before a pass's first
     DeepGEMM builds. The workers themselves start with the builds: each holds a CUDA context once it runs one, and
-    their number is sized from the GPU memory free then (:mod:`.workers`). Where another backend's workers started
-    the forkserver first, it is used as it is (it imports torch too), and DeepGEMM's workers import their code
-    themselves.
+    their number is sized from the GPU memory free then (:mod:`.workers`). A forkserver that runs already (another
+    library's, started before :data:`FORKSERVER_PRELOAD` was on its list) is used as it is, and the workers import
+    what it lacks themselves.
     """
     if settings.executor == "threads":
         return False
