@@ -9,9 +9,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from .forking import forget_in_child, free_in_child
+
 __all__ = ["add_to_preload", "forget_the_forkserver"]
 
-_lock = threading.Lock()  # pools and backends add to the list from several threads
+_lock = free_in_child(threading.Lock())  # pools and backends add to the list from several threads
 
 
 def add_to_preload(preload: Sequence[str], first: Sequence[str] = ()) -> bool:
@@ -20,11 +22,15 @@ def add_to_preload(preload: Sequence[str], first: Sequence[str] = ()) -> bool:
 
     What others asked it to import is kept, but the main module (``"__main__"``, the default): our workers never
     import it, and the children of other users still import it for themselves, as their preparation data says. Once
-    the forkserver runs, a new list changes nothing; our workers then import the rest for themselves."""
+    the forkserver runs, a new list changes nothing; our workers then import the rest for themselves.
+
+    Whatever adds to the list will fork workers from the forkserver: a child forked from this process forgets the
+    parent's (:func:`forget_the_forkserver`)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
     from multiprocessing import forkserver
 
+    forget_in_child(forget_the_forkserver)
     with _lock:
         current = [m for m in getattr(forkserver._forkserver, "_preload_modules", []) if m != "__main__"]
         ours = [m for m in first if m not in current]

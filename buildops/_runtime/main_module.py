@@ -25,8 +25,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from .forking import forget_in_child
-from .forkserver import add_to_preload, forget_the_forkserver
+from .forkserver import add_to_preload
 from .patching import Patch
 from .state import runtime
 
@@ -156,7 +155,6 @@ def start_forkserver(preload: Sequence[str]) -> bool:
         return False
     from multiprocessing import forkserver
 
-    forget_in_child(forget_the_forkserver)  # a forked child starts a server of its own
     with _keeping_main_out():
         forkserver.ensure_running()
     return True

@@ -39,7 +39,7 @@ from typing import Any
 from .._config import settings
 from .crashes import CrashWatch, end_status, how_it_ended
 from .forking import forget_in_child
-from .forkserver import forget_the_forkserver
+from .forkserver import add_to_preload
 from .hooks import on_shutdown
 from .main_module import context, ended_importing_main, names_of_main, refuse_while_importing_main
 from .turns import Turns
@@ -159,7 +159,8 @@ class WorkerPool:
         self._hook()  # a shutdown() before the pool starts must reach it, to call the start off
         # What the forkserver is to import, added now on the caller's thread: another pool's workers started right
         # after this call (startup.start_build_workers) may start the forkserver before this pool's thread does.
-        context(self._preload, self._preload_first)
+        if self._preload:
+            add_to_preload(self._preload, self._preload_first)
         with self._launch_lock:
             if self._pool is not None or self._launcher is not None:
                 return
@@ -360,6 +361,4 @@ class WorkerPool:
         self._pool, self._starting, self._alone, self._stopping = None, [], set(), []
         self._main_ran, self._turns, self._limit = None, Turns(), None
         self._crashes = CrashWatch(self.name)
-        if self._preload:
-            forget_the_forkserver()
 
